@@ -1,0 +1,140 @@
+"""The one small interface every backend implements.
+
+An adapter receives a `reference.Case` (float64 NumPy inputs already rounded to
+the dtype under test) and returns NumPy arrays in a `Result`. It declares what
+it can do once, in `capabilities`, and `supports(case)` derives from that
+declaration either True or the reason it cannot run the case: an unsupported
+case is reported as unsupported, never as passed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from reference import Case
+
+# The vocabulary of capabilities. An adapter lists the ones it has.
+CAPABILITIES = frozenset({
+    "mask",            # boolean mask
+    "bias",            # additive float bias, -inf included
+    "causal_top_left",
+    "causal_bottom_right",
+    "q_lengths",
+    "kv_lengths",
+    "gqa",
+    "custom_scale",
+    "dv_ne_dk",
+    "cross",           # Lq != Lk
+    "mask_with_causal",
+    "lse",             # returns the log-sum-exp
+    "weights",         # returns the attention weights
+    "grads",           # returns dq, dk, dv
+    "dbias",           # returns dbias
+    "dropout",
+    "noncontiguous",
+    "broadcast_kv",
+})
+
+
+class KernelError(Exception):
+    """The kernel under test raised or returned something unusable (not a suite bug)."""
+
+
+@dataclass
+class Result:
+    """What an adapter returns. Arrays are float64 copies of the kernel's values."""
+
+    out: np.ndarray
+    out_dtype: str                                  # dtype name the kernel returned
+    lse: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    grads: dict[str, np.ndarray] | None = None      # keys among dq, dk, dv, dbias
+    kernel: str = ""                                # what actually ran
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class Adapter:
+    """Base class: subclasses set the class attributes and implement `run`."""
+
+    backend: str = ""                   # family, e.g. "torch"
+    name: str = ""                      # implementation, e.g. "torch:sdpa-math"
+    devices: tuple[str, ...] = ("cpu",)
+    dtypes: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
+    capabilities: frozenset[str] = frozenset()
+    max_head_dim: int | None = None
+    trusted: bool = True                # False for third-party kernels
+    kind: str = "sdpa"                  # "sdpa", or "layer" for multi-head attention layers
+    example_budget: float = 1.0         # fraction of Hypothesis examples (e.g. < 1 where each new shape compiles)
+
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+
+    # -- capability checks, derived from the declaration above ------------
+    def supports(self, case: Case, *, need: frozenset[str] = frozenset()) -> Literal[True] | str:
+        """True, or a one-line reason why this implementation cannot run `case`."""
+        missing = sorted((self.requirements(case) | set(need)) - self.capabilities)
+        if missing:
+            return f"{self.name} lacks {', '.join(missing)}"
+        if case.dtype not in self.dtypes:
+            return f"{self.name} does not run {case.dtype}"
+        s = case.shape
+        if self.max_head_dim is not None and max(s["Dk"], s["Dv"]) > self.max_head_dim:
+            return f"{self.name} supports head dim <= {self.max_head_dim}"
+        return self.extra_support(case)
+
+    def extra_support(self, case: Case) -> Literal[True] | str:
+        """Hook for constraints the capability vocabulary cannot say."""
+        return True
+
+    @staticmethod
+    def requirements(case: Case) -> set[str]:
+        """The capabilities a case needs."""
+        s = case.shape
+        need = set()
+        if case.mask is not None:
+            need.add("mask")
+        if case.bias is not None:
+            need.add("bias")
+        if case.causal is not None:
+            need.add("causal_" + case.causal)
+            if case.mask is not None or case.bias is not None:
+                need.add("mask_with_causal")
+        if case.q_lengths is not None:
+            need.add("q_lengths")
+        if case.kv_lengths is not None:
+            need.add("kv_lengths")
+        if s["Hkv"] != s["Hq"]:
+            need.add("gqa")
+        if case.scale is not None:
+            need.add("custom_scale")
+        if s["Dv"] != s["Dk"]:
+            need.add("dv_ne_dk")
+        if s["Lq"] != s["Lk"]:
+            need.add("cross")
+        if case.dropout_p:
+            need.add("dropout")
+        if case.layout != "contiguous":
+            need.add(case.layout)
+        return need
+
+    # -- running ----------------------------------------------------------
+    def run(self, case: Case, *, grads: bool = False) -> Result:
+        """Run the kernel on `case`; with grads=True also back-propagate case.grad_out."""
+        raise NotImplementedError
+
+    def run_raw(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, dtype: str) -> np.ndarray:
+        """Call the kernel on arbitrary, possibly invalid, shapes (ATTN-OP-6). Should raise on invalid input."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """Framework, version, device, and the kernel that runs."""
+        return {"backend": self.backend, "implementation": self.name, "device": self.device}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} on {self.device}>"
+
+
+class NotSupported(Exception):
+    """Raised by `run` when a forced path turns out not to run this case: recorded as unsupported, never as a pass."""

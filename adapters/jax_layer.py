@@ -1,0 +1,98 @@
+"""`jax:flax-mha`: flax nnx `MultiHeadAttention` loaded with a LayerCase's weights.
+
+flax keeps the projections as `LinearGeneral` kernels of shape (E, heads,
+head_dim) for query/key/value and (heads, head_dim, E) for the output, with
+biases (heads, head_dim) and (E,). A LayerCase's (E, E) matrix whose columns
+[h*d:(h+1)*d] belong to head h is therefore a plain C-order reshape; the output
+matrix's rows [h*d:(h+1)*d] likewise. With dropout 0 flax hands the per-head
+attention to `jax.nn.dot_product_attention` (xla), so causal masking is
+top-left `is_causal` and the scale is fixed at 1/sqrt(head_dim).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from .base import Adapter, KernelError, Result
+from .jax import jax_device, precision_context, to_numpy
+
+
+class FlaxMhaAdapter(Adapter):
+    """flax.nnx.MultiHeadAttention as a layer adapter (ATTN-MHA-1)."""
+
+    kind = "layer"
+    backend = "jax"
+    name = "jax:flax-mha"
+    devices = ("cpu", "gpu")
+    dtypes = ("float64", "float32", "float16", "bfloat16")
+    capabilities = frozenset({"mask", "causal_top_left", "mask_with_causal"})
+
+    def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):
+        super().__init__(device)
+        self.options = dict(options or {})
+
+    def supports(self, case, *, need=frozenset()):
+        return "jax:flax-mha is a layer; it runs LayerCases, not Cases"
+
+    def supports_layer(self, lc) -> Literal[True] | str:
+        if lc.causal not in (None, "top_left"):
+            return f"{self.name} supports causal=None or 'top_left'; got {lc.causal!r}"
+        if lc.dtype not in self.dtypes:
+            return f"{self.name} does not run {lc.dtype}"
+        E = lc.w_q.shape[0]
+        if E % lc.num_heads:
+            return f"embed dim {E} is not a multiple of num_heads {lc.num_heads}"
+        return True
+
+    def build(self, lc):
+        """An nnx.MultiHeadAttention holding the LayerCase's weights, in its dtype."""
+        from flax import nnx
+
+        from reference import numpy_dtype
+
+        t = jnp.dtype(numpy_dtype(lc.dtype))
+        E, H = lc.w_q.shape[0], lc.num_heads
+        d = E // H
+        biases = (lc.b_q, lc.b_k, lc.b_v, lc.b_o)
+        use_bias = any(b is not None for b in biases)
+        m = nnx.MultiHeadAttention(num_heads=H, in_features=E, qkv_features=E, out_features=E,
+                                   dtype=t, param_dtype=t, use_bias=use_bias, decode=False,
+                                   rngs=nnx.Rngs(0))
+        dev = jax_device(self.device)
+
+        def put(x, shape):
+            return jax.device_put(np.asarray(x, dtype=np.float64).reshape(shape).astype(t), dev)
+
+        for proj, w, b in ((m.query, lc.w_q, lc.b_q), (m.key, lc.w_k, lc.b_k), (m.value, lc.w_v, lc.b_v)):
+            proj.kernel[...] = put(w, (E, H, d))
+            if use_bias:
+                proj.bias[...] = put(np.zeros(E) if b is None else b, (H, d))
+        m.out.kernel[...] = put(lc.w_o, (H, d, E))
+        if use_bias:
+            m.out.bias[...] = put(np.zeros(E) if lc.b_o is None else lc.b_o, (E,))
+        return m, t, dev
+
+    def run_layer(self, lc) -> np.ndarray:
+        m, t, dev = self.build(lc)
+        xq, xk, xv = (jax.device_put(np.asarray(x).astype(t), dev) for x in (lc.x_q, lc.x_k, lc.x_v))
+        mask = None if lc.mask is None else jax.device_put(np.asarray(lc.mask, dtype=bool)[:, None], dev)
+        try:
+            with precision_context(self.options):
+                out = m(xq, xk, xv, mask=mask, is_causal=lc.causal == "top_left", deterministic=True)
+        except Exception as exc:
+            raise KernelError(f"{self.name} raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
+        return to_numpy(out).astype(np.float64)
+
+    def run(self, case, *, grads: bool = False) -> Result:
+        raise KernelError("jax:flax-mha is a layer adapter; call run_layer")
+
+    def describe(self) -> dict[str, Any]:
+        import flax
+
+        return {**super().describe(), "framework": "jax", "version": jax.__version__, "flax": flax.__version__,
+                "api": "flax.nnx.MultiHeadAttention (nnx, not linen)",
+                "kernel": "flax nnx MultiHeadAttention -> jax.nn.dot_product_attention (xla)"}

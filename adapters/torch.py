@@ -1,0 +1,80 @@
+"""The `torch` backend: SDPA with each backend forced, flex_attention, nn.MultiheadAttention.
+
+Every implementation is its own adapter so a result always names the kernel
+that produced it: `torch:sdpa-math`, `torch:sdpa-flash` (CPU and CUDA),
+`torch:sdpa-efficient` and `torch:sdpa-cudnn` (CUDA only), `torch:flex`, and the
+layer adapter `torch:mha`. float32 matmuls run at full precision (TF32 off)
+unless the run asks for `--allow-tf32`; the flags are recorded in `describe()`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from reference import Case
+
+from .base import Adapter, KernelError, Result
+from .callable import FULL_SDPA, CallableAdapter
+from .torch_convert import device_info, dtype_name, set_precision, to_numpy, to_tensor
+from .torch_flex import FlexAdapter
+from .torch_layer import MhaAdapter
+from .torch_sdpa import SDPA_ADAPTERS, ForcedPathUnavailable, SdpaAdapter, _clean
+
+FRAMEWORK = "torch"
+INSTALL_HINT = "pip install torch==2.13.0"
+DEVICES = ("cpu", "cuda")
+IMPLEMENTATIONS: tuple[type[Adapter], ...] = (*SDPA_ADAPTERS, FlexAdapter, MhaAdapter)
+
+
+def implementations(device: str, options: dict[str, Any]) -> list[Adapter]:
+    if device == "cuda" and not torch.cuda.is_available():
+        from . import UsageError  # noqa: PLC0415 (the package is initialised by then)
+
+        raise UsageError(f"--device=cuda but torch {torch.__version__} sees no CUDA device")
+    set_precision(options)
+    return [cls(device) for cls in IMPLEMENTATIONS if device in cls.devices]
+
+
+class TorchKernelAdapter(CallableAdapter):
+    """A third-party torch kernel with the SDPA convention; gradients through autograd."""
+
+    def __init__(self, fn: Callable[..., Any], device: str, name: str):
+        super().__init__(fn, backend="torch", name=name, device=device,
+                         to_array=lambda x, dtype: to_tensor(x, dtype, device), to_numpy=to_numpy,
+                         dtype_name=dtype_name, capabilities=FULL_SDPA | {"grads"})
+
+    def run(self, case: Case, *, grads: bool = False) -> Result:
+        if case.dropout_p:
+            torch.manual_seed(case.seed)
+        args, kwargs = self.arguments(case)
+        if grads:
+            for a in args:
+                a.requires_grad_(True)
+        ret = self.call(args, kwargs)
+        out, dtype = self.convert(ret)
+        res = Result(out=out, out_dtype=dtype, kernel=self.name)
+        if grads:
+            if case.grad_out is None:
+                raise ValueError("grads=True needs case.grad_out")
+            try:
+                gs = torch.autograd.grad(ret, list(args), to_tensor(case.grad_out, case.dtype, self.device),
+                                         allow_unused=True)
+            except Exception as exc:
+                raise KernelError(f"kernel backward raised {type(exc).__name__}: {_clean(str(exc))}") from exc
+            if any(g is None for g in gs):
+                raise KernelError("kernel backward returned no gradient for some input")
+            res.grads = {n: to_numpy(g) for n, g in zip(("dq", "dk", "dv"), gs)}
+        return res
+
+    def describe(self) -> dict[str, Any]:
+        return {**device_info(self.device), **super().describe()}
+
+
+def kernel_adapter(fn: Callable[..., Any], device: str, name: str) -> Adapter:
+    return TorchKernelAdapter(fn, device, name)
+
+
+__all__ = ["DEVICES", "FRAMEWORK", "INSTALL_HINT", "ForcedPathUnavailable", "IMPLEMENTATIONS", "SdpaAdapter",
+           "TorchKernelAdapter", "implementations", "kernel_adapter"]

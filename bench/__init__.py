@@ -1,0 +1,1 @@
+"""Benchmarks of the suite itself: run time per backend and time to catch planted bugs."""

@@ -1,0 +1,265 @@
+"""The tolerance model of ATTN-TOL-1..5, as a function from arrays to a judgement.
+
+A kernel at precision t may err by a small multiple of what a naive
+implementation at t errs on the same case (reference/emulate.py), plus a
+rounding floor computed in t. float64 has nothing finer to emulate, so it is
+held to an analytic rounding-error bound instead. The multipliers live in
+spec/tolerances.toml; SPEC.md derives them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import spec
+from reference import Case, oracle, round_to
+from reference.attention import expand_kv
+
+EPS64 = np.finfo(np.float64).eps
+
+
+@dataclass
+class Judgement:
+    ok: bool
+    quantity: str
+    dtype: str
+    e_max: float
+    e_mean: float
+    allowed_max: float
+    allowed_mean: float
+    base_max: float
+    base_mean: float
+    floor: float
+    ratio_max: float      # e_kernel / e_base (float64: e / analytic bound)
+    ratio_mean: float
+    reason: str = ""
+    worst: tuple | None = None
+
+    def explain(self) -> str:
+        if self.reason:
+            return self.reason
+        return (f"{self.quantity}: max error {self.e_max:.3g} vs allowed {self.allowed_max:.3g}; "
+                f"mean error {self.e_mean:.3g} vs allowed {self.allowed_mean:.3g}; ratio {self.ratio_max:.3g}")
+
+
+def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
+    """The spacing of `dtype` at |x| (one unit in the last place)."""
+    from reference import numpy_dtype
+
+    t = numpy_dtype(dtype)
+    a = np.abs(x).astype(t)
+    return (np.nextafter(a, np.array(np.inf, dtype=t)).astype(np.float64) - a.astype(np.float64)) \
+        if dtype != "bfloat16" else np.maximum(np.abs(x), 1e-38) * 2.0 ** -7
+
+
+def rounding_noise(ref: np.ndarray, dtype: str) -> np.ndarray:
+    """Rounding noise at x's magnitude in `dtype`: max(|(x + 0.3 - 0.3) - x|, ulp(x)), elementwise.
+
+    The roundtrip is flash-attention's floor; one ulp of the output is added as its
+    minimum because any final rounding to t may cost it while the baseline can be exact by luck.
+    """
+    x = round_to(ref, dtype)
+    with np.errstate(all="ignore"):
+        y = round_to(round_to(x + 0.3, dtype) - 0.3, dtype)
+        return np.maximum(np.abs(y - x), ulp(x, dtype))
+
+
+def _ratio(e: float, base: float) -> float:
+    if e == 0:
+        return 0.0
+    return e / base if base > 0 else float("inf")
+
+
+def judge_arrays(actual: np.ndarray, ref: np.ndarray, base_err: np.ndarray, dtype: str, *,
+                 quantity: str = "out", model: str = "forward") -> Judgement:
+    """ATTN-TOL-1, -2, -3 for one quantity, given the baseline's elementwise error |O_base - O_ref|."""
+    tol = spec.tolerances()[model]
+    finite = np.isfinite(ref)
+    bad = finite & ~np.isfinite(actual)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        return Judgement(False, quantity, dtype, float("inf"), float("inf"), 0, 0, 0, 0, 0, float("inf"),
+                         float("inf"), f"[ATTN-TOL-3] {quantity}: {int(bad.sum())} non-finite value(s) where the "
+                         f"reference is finite, first at {idx}: got {actual[idx]}, reference {ref[idx]:.6g}", idx)
+    if not finite.any():
+        return Judgement(True, quantity, dtype, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    err = np.abs(np.where(finite, actual, 0.0) - np.where(finite, ref, 0.0))[finite]
+    berr = np.asarray(base_err)[finite]
+    berr = np.where(np.isfinite(berr), berr, 0.0)
+    noise = rounding_noise(np.where(finite, ref, 0.0), dtype)[finite]
+    floor = tol["floor_factor"] * float(noise.max())
+    floor_mean = tol["floor_factor"] * float(noise.mean())
+    e_max, e_mean = float(err.max()), float(err.mean())
+    b_max, b_mean = float(berr.max()), float(berr.mean())
+    allowed_max = tol["c_max"] * b_max + floor
+    allowed_mean = tol["c_mean"] * b_mean + floor_mean
+    ok = e_max <= allowed_max and e_mean <= allowed_mean
+    full_err = np.abs(np.where(finite, actual - ref, 0.0))
+    worst = tuple(int(i) for i in np.unravel_index(np.argmax(full_err), full_err.shape))
+    j = Judgement(ok, quantity, dtype, e_max, e_mean, allowed_max, allowed_mean, b_max, b_mean, floor,
+                  _ratio(e_max, b_max), _ratio(e_mean, b_mean), worst=worst)
+    if not ok:
+        which = "ATTN-TOL-1" if e_max > allowed_max else "ATTN-TOL-2"
+        j.reason = (f"[{which}] {quantity} ({dtype}): max error {e_max:.3g} (allowed {tol['c_max']:g} x baseline "
+                    f"{b_max:.3g} + floor {floor:.3g} = {allowed_max:.3g}); mean error {e_mean:.3g} (allowed "
+                    f"{allowed_mean:.3g}); ratio {j.ratio_max:.3g}; worst at {worst}: got {actual[worst]:.6g}, "
+                    f"reference {ref[worst]:.6g}")
+    return j
+
+
+def _logit_magnitude(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """Per query row: A_i = max visible |scale| sum_d |q k| + |bias| and Vmax_i (ATTN-TOL-4)."""
+    cached = case._cache.get("tol64")
+    if cached is not None:
+        return cached
+    f = oracle(case)
+    hq = case.shape["Hq"]
+    mag = abs(case.effective_scale) * np.einsum("bhid,bhjd->bhij", np.abs(case.q), np.abs(expand_kv(case.k, hq)))
+    if case.bias is not None:
+        mag = mag + np.abs(np.where(np.isneginf(case.bias), 0.0, case.bias))
+    a = np.where(f.visible, mag, 0.0).max(axis=-1, initial=0.0)
+    vabs = np.abs(expand_kv(case.v, hq)).max(axis=-1)                 # (B, H, Lk)
+    vmax = np.where(f.visible, vabs[:, :, None, :], 0.0).max(axis=-1, initial=0.0)
+    case._cache["tol64"] = (a, vmax)
+    return a, vmax
+
+
+def judge_float64(actual: np.ndarray, case: Case, *, quantity: str = "out") -> Judgement:
+    """ATTN-TOL-4: the analytic float64 bound, per output row."""
+    ref = oracle(case).out
+    finite = np.isfinite(ref)
+    if (finite & ~np.isfinite(actual)).any():
+        return judge_arrays(actual, ref, np.zeros_like(ref), "float64", quantity=quantity)
+    gamma = spec.tolerances()["float64"]["gamma"]
+    a, vmax = _logit_magnitude(case)
+    s = case.shape
+    bound = gamma * EPS64 * vmax * ((s["Dk"] + 2) * a + 2 * s["Lk"] + 4)      # (B, H, Lq)
+    err = np.abs(np.where(finite, actual - ref, 0.0))
+    row_err = err.max(axis=-1, initial=0.0)
+    tiny = np.finfo(np.float64).tiny
+    ratios = row_err / np.maximum(bound, tiny)
+    ratio_max = float(ratios.max(initial=0.0))
+    ok = bool((row_err <= bound).all())
+    worst = tuple(int(i) for i in np.unravel_index(np.argmax(err), err.shape))
+    j = Judgement(ok, quantity, "float64", float(err.max(initial=0)), float(err.mean()) if err.size else 0.0,
+                  float(bound.max(initial=0)), float(bound.mean()) if bound.size else 0.0,
+                  float(bound.max(initial=0)), float(bound.mean()) if bound.size else 0.0, 0.0,
+                  ratio_max, float(ratios.mean()) if ratios.size else 0.0, worst=worst)
+    if not ok:
+        r = tuple(int(i) for i in np.unravel_index(np.argmax(ratios), ratios.shape))
+        j.reason = (f"[ATTN-TOL-4] {quantity} (float64): row {r} error {row_err[r]:.3g} exceeds the analytic bound "
+                    f"{bound[r]:.3g} (ratio {ratio_max:.3g}); worst at {worst}: got {actual[worst]:.17g}, "
+                    f"reference {ref[worst]:.17g}")
+    return j
+
+
+def judge_output(actual: np.ndarray, case: Case) -> Judgement:
+    """The forward output under the model that fits the case's dtype."""
+    if case.dtype == "float64":
+        return judge_float64(actual, case)
+    from reference import baseline_error
+
+    return judge_arrays(actual, oracle(case).out, baseline_error(case)[0], case.dtype)
+
+
+def judge_lse(actual: np.ndarray, case: Case) -> Judgement:
+    """The log-sum-exp: -inf for empty rows; otherwise the forward model (float64: analytic bound)."""
+    ref = oracle(case).lse
+    empty = np.isneginf(ref)
+    if (empty & ~np.isneginf(actual)).any():
+        idx = tuple(int(i) for i in np.argwhere(empty & ~np.isneginf(actual))[0])
+        return Judgement(False, "lse", case.dtype, float("inf"), float("inf"), 0, 0, 0, 0, 0, float("inf"),
+                         float("inf"), f"[ATTN-EMPTY-2] lse of fully-masked row {idx} is {actual[idx]}, not -inf", idx)
+    ref_f = np.where(empty, 0.0, ref)
+    act_f = np.where(empty, 0.0, actual)
+    if case.dtype == "float64":
+        a, _ = _logit_magnitude(case)
+        gamma = spec.tolerances()["float64"]["gamma"]
+        bound = gamma * EPS64 * ((case.shape["Dk"] + 2) * a + np.abs(ref_f) + 2 * case.shape["Lk"] + 4)
+        err = np.abs(act_f - ref_f)
+        ratio = float((err / np.maximum(bound, 1e-300)).max(initial=0))
+        j = Judgement(bool((err <= bound).all()), "lse", "float64", float(err.max(initial=0)), float(err.mean()),
+                      float(bound.max(initial=0)), float(bound.mean()), float(bound.max(initial=0)),
+                      float(bound.mean()), 0.0, ratio, ratio)
+        if not j.ok:
+            j.reason = f"[ATTN-TOL-4] lse (float64): error {j.e_max:.3g} exceeds the analytic bound (ratio {ratio:.3g})"
+        return j
+    from reference import baseline_error
+
+    return judge_arrays(act_f, ref_f, np.where(empty, 0.0, baseline_error(case)[1]), case.dtype, quantity="lse")
+
+
+def judge_gradients(grads: dict[str, np.ndarray], case: Case) -> list[Judgement]:
+    """ATTN-TOL-5 for dq, dk, dv (and dbias) against the analytic float64 backward."""
+    from reference.backward import backward
+
+    ref = backward(case)
+    out = []
+    if case.dtype == "float64":
+        bounds = _gradient_bounds64(case)
+    else:
+        from reference.emulate_backward import naive_backward
+
+        base = naive_backward(case)
+    for name in ("dq", "dk", "dv", "dbias"):
+        if name not in grads or getattr(ref, name) is None:
+            continue
+        r = getattr(ref, name)
+        g = np.broadcast_to(grads[name], r.shape) if grads[name].shape != r.shape else grads[name]
+        if case.dtype == "float64":
+            out.append(_judge_grad64(g, r, bounds[name], name))
+        else:
+            out.append(judge_arrays(g, r, np.abs(base[name] - r), case.dtype, quantity=name, model="gradient"))
+    return out
+
+
+def _group_sum(x: np.ndarray, hkv: int) -> np.ndarray:
+    b, hq = x.shape[:2]
+    return x.reshape(b, hkv, hq // hkv, *x.shape[2:]).sum(axis=2)
+
+
+def reduce_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum a (B, H, Lq, Lk) array over the axes along which an array of `shape` was broadcast."""
+    lead = x.ndim - len(shape)
+    x = x.sum(axis=tuple(range(lead))) if lead else x
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
+    return x.sum(axis=axes, keepdims=True) if axes else x
+
+
+def _gradient_bounds64(case: Case) -> dict[str, np.ndarray]:
+    """Elementwise float64 bounds: gamma eps64 K |X|_abs, with |X|_abs the backward recomputed on magnitudes."""
+    f = oracle(case)
+    a, _ = _logit_magnitude(case)
+    s = case.shape
+    k = (s["Dk"] + 2) * float(a.max(initial=0)) + 2 * s["Lk"] + s["Dv"] + 4
+    gamma = spec.tolerances()["float64"]["gamma"]
+    hq, hkv = s["Hq"], s["Hkv"]
+    p = f.weights
+    do = np.abs(case.grad_out)
+    ke, ve = np.abs(expand_kv(case.k, hq)), np.abs(expand_kv(case.v, hq))
+    dp = do @ np.swapaxes(ve, -1, -2)
+    delta = (do * np.abs(f.out)).sum(axis=-1, keepdims=True)
+    ds = p * (dp + delta)
+    sc = abs(case.effective_scale)
+    mags = {"dq": sc * ds @ ke,
+            "dk": _group_sum(sc * np.swapaxes(ds, -1, -2) @ np.abs(case.q), hkv),
+            "dv": _group_sum(np.swapaxes(p, -1, -2) @ do, hkv)}
+    if case.bias is not None:
+        mags["dbias"] = reduce_to(ds, case.bias.shape)
+    return {n: gamma * EPS64 * k * m for n, m in mags.items()}
+
+
+def _judge_grad64(g: np.ndarray, r: np.ndarray, bound: np.ndarray, name: str) -> Judgement:
+    err = np.abs(g - r)
+    bad = np.isfinite(r) & ~np.isfinite(g)
+    ok = bool((err <= bound + np.finfo(np.float64).tiny).all()) and not bad.any()
+    ratios = err / np.maximum(bound, np.finfo(np.float64).tiny)
+    worst = tuple(int(i) for i in np.unravel_index(np.argmax(ratios), ratios.shape)) if ratios.size else None
+    j = Judgement(ok, name, "float64", float(err.max(initial=0)), float(err.mean()) if err.size else 0.0,
+                  float(bound.max(initial=0)), float(bound.mean()) if bound.size else 0.0, 0, 0, 0,
+                  float(ratios.max(initial=0)), float(ratios.mean()) if ratios.size else 0.0, worst=worst)
+    if not ok:
+        j.reason = (f"[ATTN-TOL-5] {name} (float64): error {err[worst]:.3g} exceeds the bound {bound[worst]:.3g} at "
+                    f"{worst}: got {g[worst]:.17g}, reference {r[worst]:.17g}")
+    return j

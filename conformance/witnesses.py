@@ -1,0 +1,95 @@
+"""Witness cases: for each divergence entry, a small fixed case that must still show it.
+
+A witness that stops diverging fails the run (conformance/test_divergences.py),
+so an entry that no longer applies is noticed and removed. Register with
+@witness; the function name is the name divergence files use.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from reference import Case
+
+WITNESSES: dict[str, Callable[[], Case]] = {}
+
+
+def witness(fn: Callable[[], Case]) -> Callable[[], Case]:
+    WITNESSES[fn.__name__] = fn
+    return fn
+
+
+def _qkv(rng: np.random.Generator, b=1, h=1, lq=4, lk=6, d=8):
+    return rng.normal(size=(b, h, lq, d)), rng.normal(size=(b, h, lk, d)), rng.normal(size=(b, h, lk, d))
+
+
+@witness
+def fully_masked_row() -> Case:
+    """Row 1 of 4 sees no key; every other row sees some."""
+    q, k, v = _qkv(np.random.default_rng(1))
+    mask = np.ones((1, 1, 4, 6), dtype=bool)
+    mask[..., 1, :] = False
+    return Case.build(q, k, v, mask=mask, dtype="float32")
+
+
+@witness
+def float64_precision() -> Case:
+    """Ordinary float64 inputs: float32-accurate arithmetic misses the float64 bound by far."""
+    q, k, v = _qkv(np.random.default_rng(2), lq=8, lk=8)
+    return Case.build(q, k, v, dtype="float64")
+
+
+@witness
+def padded_query_row() -> Case:
+    """Query lengths [2]: rows 2 and 3 are padding and must output 0."""
+    q, k, v = _qkv(np.random.default_rng(3))
+    return Case.build(q, k, v, q_lengths=[2], dtype="float32")
+
+
+# ---- appended for the tensorflow backend (adapters/tensorflow.py) ----------
+@witness
+def multi_query_heads() -> Case:
+    """Four query heads sharing one KV head (MQA)."""
+    rng = np.random.default_rng(11)
+    q, k, v = rng.normal(size=(1, 4, 4, 8)), rng.normal(size=(1, 1, 6, 8)), rng.normal(size=(1, 1, 6, 8))
+    return Case.build(q, k, v, dtype="float32")
+
+
+@witness
+def float16_logit_overflow() -> Case:
+    """float16, Dk=64: q.k reaches 1.0e5 (> 65504) while the scaled logits stay near 1.3e4."""
+    rng = np.random.default_rng(12)
+    q = np.full((1, 1, 2, 64), 40.0)
+    k = np.concatenate([np.full((1, 1, 1, 64), 40.0), rng.normal(size=(1, 1, 3, 64))], axis=2)
+    v = rng.normal(size=(1, 1, 4, 64))
+    return Case.build(q, k, v, dtype="float16")
+
+
+@witness
+def half_long_accumulation() -> Case:
+    """bfloat16 with Dk = Lk = 256: long dot products expose how the matmuls accumulate."""
+    rng = np.random.default_rng(13)
+    q, k, v = rng.normal(size=(1, 2, 16, 256)), rng.normal(size=(1, 2, 256, 256)), rng.normal(size=(1, 2, 256, 256))
+    return Case.build(q, k, v, dtype="bfloat16")
+
+
+# ---- appended for the torch backend (adapters/torch.py) ---------------------
+@witness
+def fully_masked_row_half() -> Case:
+    """fully_masked_row in float16, for kernels that run only half precision (cuDNN, flash on CUDA)."""
+    q, k, v = _qkv(np.random.default_rng(1))
+    mask = np.ones((1, 1, 4, 6), dtype=bool)
+    mask[..., 1, :] = False
+    return Case.build(q, k, v, mask=mask, dtype="float16")
+
+
+
+# ---- appended for spec/divergences/jax.toml (jax:cudnn runs only float16/bfloat16) ----
+@witness
+def fully_masked_row_bfloat16() -> Case:
+    """fully_masked_row in bfloat16, head dim 8: runnable by cuDNN."""
+    q, k, v = _qkv(np.random.default_rng(1))
+    mask = np.ones((1, 1, 4, 6), dtype=bool)
+    mask[..., 1, :] = False
+    return Case.build(q, k, v, mask=mask, dtype="bfloat16")

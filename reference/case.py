@@ -1,0 +1,216 @@
+"""The `Case`: one attention problem, as float64 NumPy inputs plus parameters.
+
+A Case is the unit that flows through attnconf: strategies generate it, the
+reference and an adapter both consume it, checkers compare what they return,
+and a failing Case is saved as `.npz` so it can be replayed without attnconf.
+Inputs are always float64 arrays whose values are exactly representable in
+`dtype` (ATTN-DTYPE-1), so that rounding the inputs is never counted as error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+CAUSAL = (None, "top_left", "bottom_right")
+LAYOUTS = ("contiguous", "noncontiguous", "broadcast_kv")
+_ARRAYS = ("q", "k", "v", "mask", "bias", "q_lengths", "kv_lengths", "grad_out")
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The NumPy (or ml_dtypes) dtype object for a dtype name."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    return np.dtype(dtype)
+
+
+def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Round float64 values to `dtype` and return them as float64 again."""
+    x = np.asarray(x, dtype=np.float64)
+    if dtype == "float64":
+        return x
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x.astype(numpy_dtype(dtype)).astype(np.float64)
+
+
+class CaseError(ValueError):
+    """A Case whose parameters contradict each other (one-line message)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Case:
+    """One attention problem. Build validated, dtype-rounded cases with `Case.build`."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    mask: np.ndarray | None = None
+    bias: np.ndarray | None = None
+    causal: str | None = None
+    scale: float | None = None
+    q_lengths: np.ndarray | None = None
+    kv_lengths: np.ndarray | None = None
+    dtype: str = "float64"
+    dropout_p: float = 0.0
+    seed: int = 0
+    layout: str = "contiguous"
+    grad_out: np.ndarray | None = None
+    regime: str = "ordinary"
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    # ---- construction -------------------------------------------------
+    @classmethod
+    def build(cls, q, k, v, **params: Any) -> "Case":
+        """Validate the parameters and round every float input to `dtype`."""
+        dtype = params.get("dtype", "float64")
+        numpy_dtype(dtype)
+        arrays = {"q": q, "k": k, "v": v}
+        for name in ("bias", "grad_out"):
+            if params.get(name) is not None:
+                arrays[name] = params[name]
+        for name, arr in arrays.items():
+            params[name] = round_to(np.asarray(arr, dtype=np.float64), dtype)
+        if params.get("mask") is not None:
+            params["mask"] = np.asarray(params["mask"], dtype=bool)
+        for name in ("q_lengths", "kv_lengths"):
+            if params.get(name) is not None:
+                params[name] = np.asarray(params[name], dtype=np.int64)
+        case = cls(**params)
+        case.validate()
+        return case
+
+    def replace(self, **changes: Any) -> "Case":
+        """A new Case with some fields changed (validated, inputs re-rounded)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "_cache"}
+        fields.update(changes)
+        q, k, v = fields.pop("q"), fields.pop("k"), fields.pop("v")
+        return Case.build(q, k, v, **fields)
+
+    def validate(self) -> None:
+        """Raise CaseError (one line) if the case is not a valid attention problem."""
+        q, k, v = self.q, self.k, self.v
+        if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+            raise CaseError(f"q, k, v must be 4-D (B, H, L, D); got {q.shape}, {k.shape}, {v.shape}")
+        B, Hq, Lq, Dk = q.shape
+        if k.shape[0] != B or v.shape[0] != B:
+            raise CaseError(f"batch mismatch: q {q.shape}, k {k.shape}, v {v.shape}")
+        if k.shape[3] != Dk:
+            raise CaseError(f"Dk mismatch: q has {Dk}, k has {k.shape[3]}")
+        if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+            raise CaseError(f"k {k.shape} and v {v.shape} differ in heads or length")
+        Hkv = k.shape[1]
+        if Hkv == 0 or Hq % Hkv:
+            raise CaseError(f"Hq={Hq} is not a multiple of Hkv={Hkv}")
+        full = (B, Hq, Lq, k.shape[2])
+        for name in ("mask", "bias"):
+            arr = getattr(self, name)
+            if arr is not None:
+                if arr.ndim > 4:
+                    raise CaseError(f"{name} has {arr.ndim} dims; at most 4")
+                try:
+                    np.broadcast_shapes(arr.shape, full)
+                except ValueError:
+                    raise CaseError(f"{name} shape {arr.shape} does not broadcast to {full}") from None
+        if self.bias is not None and np.any(self.bias == np.inf):
+            raise CaseError("bias holds +inf; only finite values and -inf are allowed")
+        if self.causal not in CAUSAL:
+            raise CaseError(f"causal must be one of {CAUSAL}; got {self.causal!r}")
+        if self.layout not in LAYOUTS:
+            raise CaseError(f"layout must be one of {LAYOUTS}; got {self.layout!r}")
+        for name, limit in (("q_lengths", Lq), ("kv_lengths", k.shape[2])):
+            arr = getattr(self, name)
+            if arr is not None and (arr.shape != (B,) or arr.min() < 0 or arr.max() > limit):
+                raise CaseError(f"{name} must be {B} integers in [0, {limit}]; got {arr.tolist()}")
+        if not 0.0 <= self.dropout_p < 1.0:
+            raise CaseError(f"dropout_p must be in [0, 1); got {self.dropout_p}")
+        if self.grad_out is not None and self.grad_out.shape != (B, Hq, Lq, v.shape[3]):
+            raise CaseError(f"grad_out shape {self.grad_out.shape} != output shape {(B, Hq, Lq, v.shape[3])}")
+
+    # ---- derived quantities -------------------------------------------
+    @property
+    def shape(self) -> dict[str, int]:
+        B, Hq, Lq, Dk = self.q.shape
+        return {"B": B, "Hq": Hq, "Hkv": self.k.shape[1], "Lq": Lq, "Lk": self.k.shape[2], "Dk": Dk, "Dv": self.v.shape[3]}
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        s = self.shape
+        return (s["B"], s["Hq"], s["Lq"], s["Dv"])
+
+    @property
+    def effective_scale(self) -> float:
+        return float(self.scale) if self.scale is not None else 1.0 / np.sqrt(self.q.shape[3])
+
+    def mask_kind(self) -> str:
+        parts = []
+        if self.mask is not None:
+            parts.append(f"bool{list(self.mask.shape)}")
+        if self.bias is not None:
+            parts.append(f"bias{list(self.bias.shape)}" + ("-inf" if np.isneginf(self.bias).any() else ""))
+        if self.causal:
+            parts.append(f"causal={self.causal}")
+        if self.kv_lengths is not None:
+            parts.append(f"kv_len={self.kv_lengths.tolist()}")
+        if self.q_lengths is not None:
+            parts.append(f"q_len={self.q_lengths.tolist()}")
+        return "+".join(parts) or "none"
+
+    def summary(self) -> str:
+        """One line: shapes, dtype, masks, scale, regime and seed."""
+        s = self.shape
+        gqa = f" Hkv={s['Hkv']}" if s["Hkv"] != s["Hq"] else ""
+        extra = f" scale={self.scale:g}" if self.scale is not None else ""
+        extra += f" dropout={self.dropout_p:g}" if self.dropout_p else ""
+        extra += f" layout={self.layout}" if self.layout != "contiguous" else ""
+        return (f"B={s['B']} Hq={s['Hq']}{gqa} Lq={s['Lq']} Lk={s['Lk']} Dk={s['Dk']} Dv={s['Dv']} "
+                f"{self.dtype} mask={self.mask_kind()}{extra} regime={self.regime} seed={self.seed}")
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready parameters (no arrays) for records and reports."""
+        d = dict(self.shape)
+        d.update(dtype=self.dtype, mask=self.mask_kind(), causal=self.causal, scale=self.scale,
+                 dropout_p=self.dropout_p, layout=self.layout, regime=self.regime, seed=self.seed)
+        return d
+
+    def digest(self) -> str:
+        """A content hash: equal cases have equal digests."""
+        h = hashlib.sha256()
+        for name in _ARRAYS:
+            arr = getattr(self, name)
+            h.update(name.encode())
+            if arr is not None:
+                h.update(str(arr.shape).encode())
+                h.update(np.ascontiguousarray(arr).tobytes())
+        h.update(json.dumps(self._params(), sort_keys=True).encode())
+        return h.hexdigest()[:16]
+
+    def _params(self) -> dict[str, Any]:
+        return {"causal": self.causal, "scale": self.scale, "dtype": self.dtype, "dropout_p": self.dropout_p,
+                "seed": self.seed, "layout": self.layout, "regime": self.regime}
+
+    # ---- persistence (plain .npz, loadable without attnconf) -----------
+    def save(self, path: str | Path) -> Path:
+        """Write the case as .npz: arrays by name plus a JSON `params` entry."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {n: getattr(self, n) for n in _ARRAYS if getattr(self, n) is not None}
+        np.savez(path, params=np.array(json.dumps(self._params())), **arrays)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Case":
+        with np.load(path, allow_pickle=False) as data:
+            params = json.loads(str(data["params"]))
+            arrays = {n: data[n] for n in _ARRAYS if n in data.files}
+        q, k, v = arrays.pop("q"), arrays.pop("k"), arrays.pop("v")
+        return cls.build(q, k, v, **arrays, **params)

@@ -1,0 +1,123 @@
+"""Naive attention run at the precision under test: the yardstick of ATTN-TOL-1.
+
+Emulates what a straightforward implementation in dtype t does, rounding to t
+after each stage: logits, weights (softmax in float32 from the rounded logits)
+and output. Every dot product is accumulated the naive way, sequentially in
+float32 with one rounding per product and per addition (`np.cumsum` is
+sequential; NumPy's BLAS matmul is not, and measured more accurate than
+torch's CPU matmul, which made a BLAS-based yardstick flag correct kernels).
+
+The spec fixes what is computed, not the order of operations, and correct
+kernels differ exactly there (measured: torch's CPU MATH path applies
+sqrt(scale) to Q and K, its CPU flash path scales the logits, flash-style
+kernels normalise after P V). So the baseline is an envelope over the orders
+the spec leaves open: where the scale is applied (Q, logits, or sqrt(scale) on
+both Q and K) times how rows are normalised (divide the weights, multiply by
+the reciprocal of the sum, or divide the output after P V) times the order in
+which dot products are summed (ascending, descending, or BLAS-blocked). The
+baseline error of an element is the largest error any of these 27 naive
+variants makes: a fair yardstick must not depend on an order the spec leaves
+open, and one sample of rounding error is too noisy to be one.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from .attention import expand_kv, oracle
+from .case import Case, numpy_dtype
+
+SCALINGS = ("q", "logits", "sqrt")
+NORMALISATIONS = ("divide", "reciprocal", "late")
+ACCUMULATIONS = ("ascending", "descending", "blas")
+VARIANTS = tuple(itertools.product(SCALINGS, NORMALISATIONS, ACCUMULATIONS))
+
+
+def seq_matmul(a: np.ndarray, b: np.ndarray, order: str = "ascending") -> np.ndarray:
+    """a @ b in float32, accumulated sequentially over the shared axis (ascending or descending
+    index), or by NumPy's BLAS ("blas": blocked, fused multiply-add)."""
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    if order == "blas":
+        return np.matmul(a, b)
+    prod = (a[..., :, :, None] * b[..., None, :, :]).astype(np.float32)      # (..., M, K, N)
+    if prod.shape[-2] == 0:
+        return np.zeros(prod.shape[:-2] + prod.shape[-1:], np.float32)
+    if order == "descending":
+        prod = prod[..., ::-1, :]
+    return np.cumsum(prod, axis=-2, dtype=np.float32)[..., -1, :]
+
+
+def _rounder(dtype: str):
+    if dtype in ("float32", "float64"):
+        return lambda x: np.asarray(x, dtype=np.float32)
+    t = numpy_dtype(dtype)
+    return lambda x: np.asarray(x, dtype=np.float32).astype(t).astype(np.float32)
+
+
+def naive_forward(case: Case, variant: tuple[str, str, str] = ("q", "divide", "ascending"),
+                  dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(output, lse) of one naive variant at `dtype` (default: the case's), as float64."""
+    dtype = dtype or case.dtype
+    if dtype == "float64":
+        raise ValueError("there is no emulated baseline for float64; use the analytic bound")
+    key = ("naive", dtype, variant)
+    if key in case._cache:
+        return case._cache[key]
+    scaling, norm, acc = variant
+    r = _rounder(dtype)
+    f32 = np.float32
+    hq = case.shape["Hq"]
+    vis = oracle(case).visible
+    sc = f32(case.effective_scale)
+    with np.errstate(all="ignore"):
+        q = case.q.astype(f32)
+        k = expand_kv(case.k, hq).astype(f32)
+        v = expand_kv(case.v, hq).astype(f32)
+        if scaling == "q":
+            s = r(seq_matmul(r(q * sc), np.swapaxes(k, -1, -2), acc))
+        elif scaling == "logits":
+            s = r(r(seq_matmul(q, np.swapaxes(k, -1, -2), acc)) * sc)
+        else:
+            root = f32(np.sqrt(case.effective_scale))
+            s = r(seq_matmul(r(q * root), np.swapaxes(r(k * root), -1, -2), acc))
+        if case.bias is not None:
+            s = r(s + np.broadcast_to(case.bias, s.shape).astype(f32))
+        s = np.where(vis, s, -np.inf).astype(f32)
+        m = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(s.shape[:-1] + (1,), -np.inf, f32)
+        m = np.where(np.isneginf(m), f32(0), m).astype(f32)
+        p = np.where(vis, np.exp(s - m), f32(0)).astype(f32)
+        l = np.cumsum(p, axis=-1, dtype=f32)[..., -1:] if p.shape[-1] else np.zeros(p.shape[:-1] + (1,), f32)
+        safe_l = np.where(l > 0, l, f32(1)).astype(f32)
+        v0 = np.where(np.isfinite(v), v, f32(0))
+        if norm == "divide":
+            out = r(seq_matmul(r(np.where(l > 0, p / safe_l, f32(0))), v0, acc))
+        elif norm == "reciprocal":
+            out = r(seq_matmul(r(np.where(l > 0, p * (f32(1) / safe_l), f32(0))), v0, acc))
+        else:
+            out = r(np.where(l > 0, r(seq_matmul(r(p), v0, acc)) / safe_l, f32(0)))
+        lse = r(np.where(l[..., 0] > 0, m[..., 0] + np.log(safe_l)[..., 0], -np.inf).astype(f32))
+    result = (out.astype(np.float64), lse.astype(np.float64))
+    case._cache[key] = result
+    return result
+
+
+def baseline_error(case: Case, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Elementwise max over the naive variants of |O_base - O_ref| and |lse_base - lse_ref|."""
+    dtype = dtype or case.dtype
+    key = ("baseline_error", dtype)
+    if key in case._cache:
+        return case._cache[key]
+    ref = oracle(case)
+    finite_o, finite_l = np.isfinite(ref.out), np.isfinite(ref.lse)
+    err_o = np.zeros(ref.out.shape)
+    err_l = np.zeros(ref.lse.shape)
+    with np.errstate(all="ignore"):
+        for variant in VARIANTS:
+            o, l = naive_forward(case, variant, dtype)
+            eo = np.where(finite_o, np.abs(o - np.where(finite_o, ref.out, 0.0)), 0.0)
+            el = np.where(finite_l, np.abs(l - np.where(finite_l, ref.lse, 0.0)), 0.0)
+            err_o = np.fmax(err_o, np.where(np.isfinite(eo), eo, 0.0))
+            err_l = np.fmax(err_l, np.where(np.isfinite(el), el, 0.0))
+    case._cache[key] = (err_o, err_l)
+    return err_o, err_l

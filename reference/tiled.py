@@ -1,0 +1,99 @@
+"""A tiled float64 forward for long sequences (ATTN-LONG-1, ATTN-PROP-7).
+
+The dense oracle holds (B, Hq, Lq, Lk) arrays, which at L = 32768 is 8 GiB per
+head. This form visits (query block, key block) tiles with the online softmax: a
+running row maximum m, a running sum l of exp(s - m) and an accumulator rescaled by
+exp(m_old - m_new) whenever the maximum grows. Memory is O((Lq + Lk) D + block_q *
+block_k) per (batch, head) (all heads' tiles are processed together); the result
+equals the dense softmax up to float64 rounding. Only the masks that need no
+O(L^2) storage are supported: causal (top_left, bottom_right) and padding lengths.
+GQA query heads share their KV head without copying it. Rows that see no key give
+output 0 and lse -inf (ATTN-EMPTY-1, -2).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _block_visible(i0: int, i1: int, j0: int, j1: int, causal: str | None,
+                   q_lens: np.ndarray, kv_lens: np.ndarray) -> np.ndarray | None:
+    """(B, bq, bk) visibility of one tile, or None when every pair is visible."""
+    if (q_lens >= i1).all() and (kv_lens >= j1).all():
+        # the tile's last key against its first query decides whether causality hides anything
+        if causal is None or (causal == "top_left" and j1 - 1 <= i0) or (
+                causal == "bottom_right" and (j1 - 1 <= i0 + (kv_lens - q_lens)).all()):
+            return None
+    i = np.arange(i0, i1)[None, :, None]
+    j = np.arange(j0, j1)[None, None, :]
+    ql, kl = q_lens[:, None, None], kv_lens[:, None, None]
+    vis = (i < ql) & (j < kl)
+    if causal == "top_left":
+        vis &= j <= i
+    elif causal == "bottom_right":
+        vis &= j <= i + (kl - ql)
+    elif causal is not None:
+        raise ValueError(f"causal must be None, 'top_left' or 'bottom_right'; got {causal!r}")
+    return vis
+
+
+def tiled_forward(q, k, v, *, causal: str | None = None, scale: float | None = None,
+                  q_lengths=None, kv_lengths=None, block_q: int = 256,
+                  block_k: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """(out (B, Hq, Lq, Dv), lse (B, Hq, Lq)) in float64 by online softmax over tiles."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    B, Hq, Lq, Dk = q.shape
+    Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"Hq={Hq} is not a multiple of Hkv={Hkv}")
+    g = Hq // Hkv
+    s = 1.0 / np.sqrt(Dk) if scale is None else float(scale)
+    q_lens = np.full(B, Lq) if q_lengths is None else np.asarray(q_lengths, dtype=np.int64)
+    kv_lens = np.full(B, Lk) if kv_lengths is None else np.asarray(kv_lengths, dtype=np.int64)
+    qg = q.reshape(B, Hkv, g, Lq, Dk)  # query heads grouped under their KV head
+    out = np.empty((B, Hkv, g, Lq, Dv))
+    lse = np.empty((B, Hkv, g, Lq))
+    with np.errstate(all="ignore"):
+        for i0 in range(0, Lq, block_q):
+            i1 = min(i0 + block_q, Lq)
+            qb = qg[:, :, :, i0:i1] * s
+            m = np.full((B, Hkv, g, i1 - i0), -np.inf)
+            l = np.zeros((B, Hkv, g, i1 - i0))
+            acc = np.zeros((B, Hkv, g, i1 - i0, Dv))
+            for j0 in range(0, Lk, block_k):
+                j1 = min(j0 + block_k, Lk)
+                vis = _block_visible(i0, i1, j0, j1, causal, q_lens, kv_lens)
+                if vis is not None and not vis.any():
+                    continue
+                kb, vb = k[:, :, None, j0:j1], v[:, :, None, j0:j1]
+                t = np.matmul(qb, np.swapaxes(kb, -1, -2))  # (B, Hkv, g, bq, bk)
+                if vis is not None:
+                    vis = vis[:, None, None]
+                    t = np.where(vis, t, -np.inf)
+                m_new = np.maximum(m, t.max(axis=-1))
+                m_safe = np.where(np.isneginf(m_new), 0.0, m_new)
+                alpha = np.exp(m - m_safe)
+                p = np.exp(t - m_safe[..., None])
+                if vis is not None:
+                    p = np.where(vis, p, 0.0)
+                l = alpha * l + p.sum(axis=-1)
+                acc = alpha[..., None] * acc + _values(p, vb, vis)
+                m = m_new
+            ok = l > 0
+            out[:, :, :, i0:i1] = np.where(ok[..., None], acc / np.where(ok, l, 1.0)[..., None], 0.0)
+            lse[:, :, :, i0:i1] = np.where(ok, m + np.log(np.where(ok, l, 1.0)), -np.inf)
+    return out.reshape(B, Hq, Lq, Dv), lse.reshape(B, Hq, Lq)
+
+
+def _values(p: np.ndarray, vb: np.ndarray, vis: np.ndarray | None) -> np.ndarray:
+    """p @ V where invisible V rows contribute nothing, even when they hold NaN or inf."""
+    bad = ~np.isfinite(vb)
+    if not bad.any():
+        return np.matmul(p, vb)
+    res = np.matmul(p, np.where(bad, 0.0, vb))
+    seen = np.ones(p.shape, bool) if vis is None else np.broadcast_to(vis, p.shape)
+    hit = np.matmul(seen.astype(np.float64), bad.any(axis=-1, keepdims=True).astype(np.float64))[..., 0] > 0
+    vfull = np.broadcast_to(vb, p.shape[:-2] + vb.shape[-2:])
+    for idx in zip(*np.nonzero(hit)):
+        cols = seen[idx]
+        res[idx] = (p[idx][cols, None] * vfull[idx[:-1]][cols]).sum(axis=0)
+    return res

@@ -1,0 +1,154 @@
+"""Render the report model as GitHub-flavoured Markdown (README.md of the site, CI step summary).
+
+Every string that came from a run file goes through `md()`: table pipes, newlines and angle
+brackets are neutralised, so a kernel called `<script>` shows as text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reports.merge import ANY_DTYPE, FAILING, Report, environment_rows, format_ratio
+
+SYMBOLS = {
+    "conformant": "✅",
+    "divergent": "⚠️",
+    "unsupported": "➖",
+    "failing": "❌",
+    None: "·",
+}
+
+
+def md(text: Any) -> str:
+    """Escape run-file text for a Markdown table cell."""
+    s = " ".join(str(text).split())
+    for a, b in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "\\|"), ("`", "\\`"), ("*", "\\*"), ("_", "\\_")):
+        s = s.replace(a, b)
+    return s
+
+
+def code(text: Any) -> str:
+    """Inline code for a run-file string (commands, node ids): no backticks can break out."""
+    s = " ".join(str(text).split()).replace("`", "'").replace("|", "\\|")
+    return f"`{s}`"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def cell_text(state: str | None, ratio: float | None, divergences: list[str]) -> str:
+    parts = [SYMBOLS[state]]
+    if state == "divergent" and divergences:
+        parts.append(", ".join(md(d) for d in divergences))
+    if ratio is not None:
+        parts.append(format_ratio(ratio))
+    return " ".join(parts)
+
+
+def matrix_lines(report: Report) -> list[str]:
+    lines: list[str] = []
+    backends: dict[str, list] = {}
+    for col in report.columns:
+        backends.setdefault(report.backend_of(col.impl), []).append(col)
+    for backend, cols in backends.items():
+        lines += ["", f"### {md(backend)}", ""]
+        header = ["clause"] + [
+            f"{md(c.impl.implementation)}<br>{md(c.impl.device)}<br>{md(c.dtype if c.dtype != ANY_DTYPE else 'all dtypes')}"
+            for c in cols
+        ]
+        rows = []
+        for group, clauses in report.groups:
+            group_cells = [report.cells.get((cl.id, c)) for cl in clauses for c in cols]
+            if not any(group_cells):
+                continue
+            rows.append([f"**{md(group)}**"] + [""] * len(cols))
+            for clause in clauses:
+                cells = [report.cells.get((clause.id, c)) for c in cols]
+                if not any(cells):
+                    continue
+                row = [f"{md(clause.id)} {md(clause.title)}"]
+                row += [cell_text(x.state, x.ratio, x.divergences) if x else SYMBOLS[None] for x in cells]
+                rows.append(row)
+        lines += _table(header, rows)
+    not_run = [c for c in report.clauses if not any(k[0] == c.id for k in report.impl_cells)]
+    if not_run:
+        lines += ["", "Clauses no run exercised: " + ", ".join(md(c.id) for c in not_run) + "."]
+    return lines
+
+
+def pairs_lines(report: Report) -> list[str]:
+    if not report.pairs:
+        return ["No two implementations ran the agreement panel."]
+    rows = []
+    for p in report.pairs:
+        verdict = "agree" if p.agrees else ("no shared case" if p.total == 0 else "disagree")
+        bad = "; ".join(f"{md(d['case'])}: {md(d['detail'])}" for d in p.disagreements)
+        rows.append([md(p.a.label), md(p.b.label), f"{p.agree}/{p.total}", verdict, bad])
+    return _table(["implementation A", "implementation B", "agree/total", "", "disagreeing cases"], rows)
+
+
+def failure_lines(report: Report) -> list[str]:
+    """Each failing record once, with what a developer needs to reproduce it."""
+    out: list[str] = []
+    for run in report.runs:
+        for rec in run["records"]:
+            if rec["status"] not in FAILING:
+                continue
+            out.append(f"- {md(rec['status'].upper())} {code(rec['nodeid'])} ({md(', '.join(rec['clauses']))}): "
+                       f"{md(rec.get('message') or '')}")
+            if rec.get("case"):
+                out.append(f"  - case: {code(rec['case'])}")
+            if rec.get("replay"):
+                out.append(f"  - replay: {code(rec['replay'])}")
+    return out or ["None."]
+
+
+def render(report: Report) -> str:
+    lines = [
+        "# attnconf conformance matrix",
+        "",
+        "Legend: ✅ conformant, ⚠️ documented divergence (id), ➖ unsupported, ❌ failing, · not run;"
+        " the number is the worst error ratio (observed error / allowed error, ≤ 1 passes).",
+        "",
+        "## Verdicts",
+        "",
+    ]
+    rows = []
+    for run in report.runs:
+        env, verdict = run["environment"], run["verdict"]
+        rows.append([
+            md(run["run_id"]), md(env["backend"]), md(env["device"]), md(env.get("kernel") or ""),
+            f"**{md(verdict['verdict'])}**", md(", ".join(verdict.get("divergences") or [])),
+            md(", ".join(verdict.get("failed_clauses") or [])),
+        ])
+    lines += _table(["run", "backend", "device", "kernel", "verdict", "divergences", "failed clauses"], rows)
+    lines += ["", "## Matrix"] + matrix_lines(report)
+    lines += ["", "## Pairwise agreement on the panel", "",
+              "Two implementations agree on a panel case when max|A - B| ≤ allowance A + allowance B"
+              " (NaN only where the other has NaN).", ""]
+    lines += pairs_lines(report)
+    lines += ["", "## Failures", ""] + failure_lines(report)
+    lines += ["", "## Divergences", ""]
+    if report.divergences:
+        rows = [[md(d["id"]), md(d.get("clause", "")), md(d.get("kind", "")), md(d.get("region", "")),
+                 md(d.get("reason", "")), md(d.get("link") or ""),
+                 md(", ".join(f"{r['run_id']}: witness {r['witness']}" for r in d.get("runs", [])))]
+                for d in report.divergences]
+        lines += _table(["id", "clause", "kind", "region", "reason", "link", "witness"], rows)
+    else:
+        lines.append("None.")
+    lines += ["", "## Observations", ""]
+    if report.observations:
+        rows = [[md(o["clause"]), md(o["key"]), md(f"{o.get('implementation')} ({o['device']})"),
+                 md(o["value"]), md(o.get("case") or "")] for o in report.observations]
+        lines += _table(["clause", "observation", "implementation", "value", "case"], rows)
+    else:
+        lines.append("None recorded.")
+    lines += ["", "## Environments"]
+    for run in report.runs:
+        lines += ["", f"### {md(run['run_id'])}", ""]
+        lines += _table(["", ""], [[md(k), md(v)] for k, v in environment_rows(run)])
+    return "\n".join(lines) + "\n"

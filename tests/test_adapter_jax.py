@@ -1,0 +1,165 @@
+"""The JAX adapter: translation of every Case feature, x64, the flax layer, the kernel wrapper."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("flax")
+
+import adapters  # noqa: E402
+from adapters.jax import XlaAdapter, check_kernel_signature, kernel_adapter  # noqa: E402
+from adapters.jax_translate import translate  # noqa: E402
+from reference import Case, oracle  # noqa: E402
+from reference.backward import backward  # noqa: E402
+
+RNG = np.random.default_rng(7)
+
+
+def qkv(b=2, hq=4, hkv=4, lq=5, lk=7, d=8):
+    return (RNG.standard_normal((b, hq, lq, d)), RNG.standard_normal((b, hkv, lk, d)),
+            RNG.standard_normal((b, hkv, lk, d)))
+
+
+def visible_rows_err(res, case):
+    f = oracle(case)
+    rows = f.visible.any(-1)
+    return float(np.abs(res.out - f.out)[rows].max())
+
+
+CASES = {
+    "plain": dict(),
+    "mask": dict(mask=RNG.random((2, 1, 5, 7)) > 0.3),
+    "bias": dict(bias=RNG.standard_normal((1, 4, 5, 7))),
+    "mask+bias+causal_tl": dict(mask=RNG.random((2, 4, 5, 7)) > 0.2, bias=RNG.standard_normal((5, 7)),
+                                causal="top_left"),
+    "causal_br": dict(causal="bottom_right"),
+    "lengths+causal_br": dict(q_lengths=[5, 2], kv_lengths=[3, 7], causal="bottom_right"),
+    "scale": dict(scale=0.37),
+}
+
+
+@pytest.fixture(scope="module")
+def xla():
+    return XlaAdapter("cpu", {})
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_xla_matches_reference_float32(xla, name):
+    q, k, v = qkv()
+    case = Case.build(q, k, v, dtype="float32", **CASES[name])
+    assert xla.supports(case) is True
+    res = xla.run(case)
+    assert res.out_dtype == "float32" and res.out.shape == case.out_shape
+    assert visible_rows_err(res, case) < 5e-6
+
+
+def test_gqa_grouping_is_repeat_interleave(xla):
+    q, k, v = qkv(hq=6, hkv=2, lq=7)
+    case = Case.build(q, k, v, dtype="float32")
+    res = xla.run(case)
+    assert np.abs(res.out - oracle(case).out).max() < 5e-6
+    tiled = Case.build(q, np.tile(k, (1, 3, 1, 1)), np.tile(v, (1, 3, 1, 1)), dtype="float32")
+    assert np.abs(res.out - oracle(tiled).out).max() > 1e-2   # the other grouping would be caught
+
+
+def test_translation_uses_native_arguments_where_exact():
+    q, k, v = qkv(lq=7)
+    call = translate(Case.build(q, k, v, causal="bottom_right"))   # Lq == Lk: same as top-left
+    assert call.is_causal and call.mask is None
+    q, k, v = qkv()
+    call = translate(Case.build(q, k, v, causal="bottom_right", kv_lengths=[7, 4]))
+    assert not call.is_causal and call.mask.shape == (2, 1, 5, 7) and call.kv_lengths.dtype == np.int32
+    assert call.q.shape == (2, 5, 4, 8)   # BTNH
+
+
+def test_float64_runs_with_x64_and_is_float32_accurate(xla):
+    q, k, v = qkv()
+    case = Case.build(q, k, v, dtype="float64")
+    res = xla.run(case)
+    assert xla.describe()["jax_enable_x64"] is True and res.out_dtype == "float64"
+    err = visible_rows_err(res, case)
+    assert 1e-9 < err < 1e-5   # JAX-XLA-FLOAT64-SOFTMAX-F32: softmax in float32
+
+
+def test_float16_on_cpu_runs_eagerly(xla):
+    q, k, v = qkv()
+    res = xla.run(Case.build(q, k, v, dtype="float16", causal="top_left"))
+    assert res.out_dtype == "float16" and "eager" in res.notes
+
+
+def test_fully_masked_row_outputs_mean_of_v(xla):
+    q, k, v = qkv(b=1, hq=1, hkv=1, lq=4, lk=6)
+    mask = np.ones((1, 1, 4, 6), bool)
+    mask[..., 1, :] = False
+    res = xla.run(Case.build(q, k, v, mask=mask, dtype="float32"))
+    np.testing.assert_allclose(res.out[0, 0, 1], v[0, 0].mean(0), atol=1e-5)   # JAX-XLA-EMPTY-MEAN
+    assert res.lse[0, 0, 1] < -1e38                                           # JAX-XLA-EMPTY-LSE
+
+
+def test_padded_query_rows_are_zero(xla):
+    q, k, v = qkv()
+    res = xla.run(Case.build(q, k, v, q_lengths=[5, 2], dtype="float32"))
+    assert (res.out[1, :, 2:] == 0).all()
+
+
+def test_grads_and_dbias(xla):
+    q, k, v = qkv(hq=4, hkv=2)
+    case = Case.build(q, k, v, bias=RNG.standard_normal((1, 4, 5, 7)), causal="top_left", dtype="float32",
+                      grad_out=RNG.standard_normal((2, 4, 5, 8)))
+    res = xla.run(case, grads=True)
+    ref = backward(case)
+    for n in ("dq", "dk", "dv", "dbias"):
+        assert res.grads[n].shape == getattr(ref, n).shape
+        assert np.abs(res.grads[n] - getattr(ref, n)).max() < 1e-5, n
+
+
+def test_dv_ne_dk_is_unsupported(xla):
+    q, k, _ = qkv()
+    case = Case.build(q, k, RNG.standard_normal((2, 4, 7, 3)))
+    assert "head dim" in xla.supports(case)
+
+
+def test_implementations_on_cpu():
+    names = [a.name for a in adapters.load("jax")]
+    assert names == ["jax:xla", "jax:flax-mha"]
+
+
+def test_flax_layer_matches_reference_mha():
+    layer = pytest.importorskip("reference.layer")
+    from adapters.jax_layer import FlaxMhaAdapter
+
+    B, Lq, Lk, E, H = 2, 5, 6, 12, 3
+    r = lambda *s: RNG.standard_normal(s) * 0.5  # noqa: E731
+    mask = RNG.random((B, Lq, Lk)) > 0.3
+    mask[..., 0] = True
+    for params in (dict(b_q=r(E), b_o=r(E), mask=mask), dict(causal="top_left")):
+        lq = Lk if params.get("causal") else Lq
+        lc = layer.LayerCase.build(r(B, lq, E), r(B, Lk, E), r(B, Lk, E), r(E, E), r(E, E), r(E, E), r(E, E),
+                                   num_heads=H, dtype="float32", **params)
+        ad = FlaxMhaAdapter("cpu", {})
+        assert ad.kind == "layer" and ad.supports_layer(lc) is True
+        assert np.abs(ad.run_layer(lc) - layer.mha(lc)).max() < 1e-5
+
+
+def test_kernel_wrapper_with_jax_itself():
+    fn = jax.nn.dot_product_attention
+    assert check_kernel_signature(fn) is None
+    assert "does not take" in check_kernel_signature(lambda q, k, v, attn_mask=None: q)
+    ad = kernel_adapter(fn, "cpu", "jax:kernel:jax.nn:dot_product_attention")
+    for name in ("mask+bias+causal_tl", "lengths+causal_br"):
+        q, k, v = qkv()
+        case = Case.build(q, k, v, dtype="float32", **CASES[name])
+        assert visible_rows_err(ad.run(case), case) < 5e-6
+    q, k, v = qkv(hq=4, hkv=1)
+    case = Case.build(q, k, v, dtype="float32")
+    assert np.abs(ad.run(case).out - oracle(case).out).max() < 5e-6
+
+
+def test_kernel_wrapper_rejects_bad_returns():
+    from adapters.base import KernelError
+
+    ad = kernel_adapter(lambda q, k, v, bias=None, mask=None, **kw: np.zeros(3), "cpu", "jax:kernel:bad")
+    q, k, v = qkv()
+    with pytest.raises(KernelError):
+        ad.run(Case.build(q, k, v, dtype="float32"))

@@ -1,0 +1,178 @@
+"""The bug catalogue: the suite must fail every planted bug and pass both correct kernels.
+
+Two layers. The fast tests check the catalogue itself against the float64
+reference: the correct kernels agree with it, and every buggy kernel differs
+from it on a witness case built for its defect (so a bug the suite misses is
+the suite's gap, not a dud bug). The slow tests run the real suite on each
+kernel in a subprocess (`pytest conformance --backend=torch --kernel=... -x`)
+and record which test caught the bug, after how many examples and seconds.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason="the bug catalogue is written in torch, which is not installed")
+
+if importlib.util.find_spec("torch") is not None:
+    import adapters
+    from bench.runner import run_suite
+    from reference import Case, naive_forward, oracle
+    from tests.kernels import buggy
+
+    BUGS = sorted(buggy.BUGS)
+else:  # collected but skipped
+    BUGS = []
+
+CORRECT = ["naive", "tiled"]
+ROOT = Path(__file__).resolve().parent.parent
+EPS = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+def run_kernel(module: str, name: str, case: "Case") -> np.ndarray:
+    """The kernel's output through the real torch kernel adapter (the suite's own path)."""
+    adapter = adapters.load("torch", kernel=f"tests.kernels.{module}:{name}")[0]
+    return adapter.run(case).out
+
+
+def random_case(seed: int = 0, *, B=2, Hq=4, Hkv=2, Lq=13, Lk=37, Dk=8, Dv=8, dtype="float32", kind=None,
+                **params) -> "Case":
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal(s) for s in ((B, Hq, Lq, Dk), (B, Hkv, Lk, Dk), (B, Hkv, Lk, Dv)))
+    if kind == "bool":
+        params["mask"] = rng.random((B, 1, Lq, Lk)) < 0.7
+    elif kind == "bias":
+        params["bias"] = rng.standard_normal((B, Hq, Lq, Lk))
+    return Case.build(q, k, v, dtype=dtype, **params)
+
+
+# ---- the catalogue against the reference (fast) ---------------------------------
+@pytest.mark.parametrize("name", CORRECT)
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_correct_kernel_matches_reference(name, dtype):
+    rng = np.random.default_rng(1)
+    for i in range(12):
+        B, Hkv = int(rng.integers(1, 3)), int(rng.integers(1, 3))
+        Hq, Lq, Lk = Hkv * int(rng.integers(1, 3)), int(rng.integers(1, 40)), int(rng.integers(1, 60))
+        params = {}
+        if i % 3 == 0:
+            params["mask"] = rng.random((B, 1, Lq, Lk)) < 0.5
+        elif i % 3 == 1:
+            params["bias"] = np.where(rng.random((B, Hq, Lq, Lk)) < 0.2, -np.inf, rng.standard_normal((B, Hq, Lq, Lk)))
+        params["causal"] = [None, "top_left", "bottom_right"][i % 3]
+        if i % 4 == 0:
+            params["kv_lengths"] = rng.integers(0, Lk + 1, B)
+        case = random_case(i, B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, Dk=int(rng.integers(1, 17)),
+                           Dv=int(rng.integers(1, 17)), dtype=dtype, **params)
+        if i % 4 == 3:  # large logits: the max must be taken over visible keys only
+            case = case.replace(q=case.q * 30, k=case.k * 30)
+        ref = oracle(case).out
+        err = np.abs(run_kernel("correct", name, case) - ref).max()
+        if dtype == "float64":
+            assert err < 1e-12, case.summary()
+        else:
+            base = np.abs(naive_forward(case)[0] - ref).max()
+            assert err <= 2 * base + 2 * EPS[dtype] * np.abs(case.v).max(), case.summary()
+
+
+def _fully_masked_row() -> "Case":
+    case = random_case(kind="bool")
+    mask = case.mask.copy()
+    mask[0, 0, 3] = False
+    return case.replace(mask=mask)
+
+
+def _rising_max() -> "Case":
+    case = random_case(Lk=40)
+    k = case.k.copy()
+    k[:, :, 20:] *= 6  # a later key block raises the row max
+    return case.replace(k=k)
+
+
+WITNESSES = {
+    "no_scale": lambda: random_case(),
+    "scale_twice": lambda: random_case(),
+    "scale_sqrt_dv": lambda: random_case(Dv=4),
+    "custom_scale_ignored": lambda: random_case(scale=0.9),
+    "softmax_wrong_axis": lambda: random_case(),
+    "no_max_subtraction": lambda: random_case().replace(q=random_case().q * 40, k=random_case().k * 40),
+    "low_precision_accumulation": lambda: random_case(B=1, Hq=1, Hkv=1, Lq=8, Lk=1024, dtype="float16"),
+    "denominator_includes_masked": lambda: random_case(kind="bool"),
+    "inverted_bool_mask": lambda: random_case(kind="bool"),
+    "float_mask_ignored": lambda: random_case(kind="bias"),
+    "mask_multiplies_logits": lambda: random_case(kind="bool"),
+    "batch0_mask": lambda: random_case(kind="bool"),
+    "mask_wrong_axis": lambda: random_case(Lq=37, mask=np.random.default_rng(0).random((2, 1, 1, 37)) < 0.6),
+    "query_length_off_by_one": lambda: random_case(q_lengths=np.array([13, 5])),
+    "causal_strict": lambda: random_case(Lq=37, causal="top_left"),
+    "causal_bottom_right": lambda: random_case(causal="top_left"),
+    "empty_row_nan": _fully_masked_row,
+    "empty_row_mean": _fully_masked_row,
+    "gqa_tile": lambda: random_case(Hq=4, Hkv=2),
+    "heads_transposed": lambda: random_case(),
+    "online_no_rescale": _rising_max,
+    "drops_partial_block": lambda: random_case(Lk=37),
+}
+
+
+@pytest.mark.parametrize("name", [b for b in BUGS if not b.startswith("dropout")])
+def test_bug_differs_from_reference_on_its_witness(name):
+    case = WITNESSES[name]()
+    ref = oracle(case).out
+    with np.errstate(invalid="ignore"):
+        err = np.abs(run_kernel("buggy", name, case) - ref)
+    worst = np.inf if not np.isfinite(err).all() else err.max()
+    if case.dtype == "float64":
+        allowed = 1e-10
+    else:  # well beyond the suite's 2 x baseline + floor
+        allowed = 4 * np.abs(naive_forward(case)[0] - ref).max() + 4 * EPS[case.dtype] * np.abs(ref).max()
+    assert worst > allowed
+
+
+@pytest.mark.parametrize("name", [b for b in BUGS if b.startswith("dropout")])
+def test_dropout_bug_is_visible_in_statistics(name):
+    base = random_case(B=1, Hq=1, Hkv=1, Lq=4, Lk=8, dtype="float64", dropout_p=0.5)
+    ref = oracle(base).out
+    outs = np.stack([run_kernel("buggy", name, base.replace(seed=s)) for s in range(300)])
+    mean_err = np.abs(outs.mean(axis=0) - ref).max()
+    if name == "dropout_no_rescale":
+        assert mean_err > 0.3            # E[out] = (1-p) * ref
+    else:
+        assert (outs == outs[0]).all()   # nothing is ever dropped
+
+
+def test_every_bug_names_a_known_clause():
+    import tomllib
+
+    clauses = {c["id"] for c in tomllib.loads((ROOT / "spec" / "clauses.toml").read_text())["clause"]}
+    assert len(BUGS) >= 18
+    for name in BUGS:
+        fn = buggy.BUGS[name]
+        assert fn.clause in clauses and "Defect" in fn.__doc__, name
+        assert set(WITNESSES) | {"dropout_no_rescale", "dropout_ignored"} >= {name}
+
+
+# ---- the suite against the catalogue (slow: one suite run per kernel) ------------
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CORRECT)
+def test_suite_passes_correct_kernel(name, tmp_path):
+    run = run_suite("torch", tmp_path / "run.json", kernel=f"tests.kernels.correct:{name}")
+    assert run.report is not None, run.output_tail
+    assert run.returncode == 0, f"{name} failed: {run.first_failure}\n{run.output_tail}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BUGS)
+def test_suite_catches_bug(name, tmp_path, record_property):
+    run = run_suite("torch", tmp_path / "run.json", kernel=f"tests.kernels.buggy:{name}", stop_at_first=True)
+    assert run.report is not None, run.output_tail
+    f = run.first_failure or {}
+    record_property("caught_by", run.caught_by)
+    record_property("examples", f.get("examples"))
+    record_property("seconds", round(run.wall_s, 1))
+    print(f"{name}: caught by {run.caught_by} after {f.get('examples')} examples, {run.wall_s:.1f} s wall")
+    assert run.returncode == 1, f"the suite did not catch {name} ({buggy.BUGS[name].clause}):\n{run.output_tail}"

@@ -1,0 +1,78 @@
+"""The dtype-emulated naive backward: the gradient yardstick of ATTN-TOL-5.
+
+Its error against the float64 backward must be of the order of the dtype's eps
+(so the yardstick is neither exact nor broken), it must follow the forward
+baseline's conventions (no baseline for float64, cached on the case), and it
+must converge to the float64 gradients as the precision grows.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from reference import Case, backward, naive_backward, numpy_dtype
+
+
+def _eps(dtype: str) -> float:
+    return float(ml_dtypes.finfo(numpy_dtype(dtype)).eps)
+
+
+def _case(dtype, seed=0, Hq=4, Hkv=2, Lq=12, Lk=20, D=16, **params) -> Case:
+    rng = np.random.default_rng(seed)
+    return Case.build(rng.standard_normal((2, Hq, Lq, D)), rng.standard_normal((2, Hkv, Lk, D)),
+                      rng.standard_normal((2, Hkv, Lk, D)), grad_out=rng.standard_normal((2, Hq, Lq, D)),
+                      dtype=dtype, **params)
+
+
+PARAMS = {
+    "plain": {},
+    "causal_padding": {"causal": "bottom_right", "kv_lengths": np.array([20, 9])},
+    "bias": {"bias": np.random.default_rng(5).standard_normal((2, 1, 12, 20))},
+    "mask_empty_rows": {"mask": np.arange(12)[:, None] % 5 != 0},
+}
+
+
+@pytest.mark.clauses("ATTN-TOL-5")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(PARAMS))
+def test_naive_backward_error_is_of_dtype_order(dtype, name):
+    case = _case(dtype, seed=len(name), **PARAMS[name])
+    base = naive_backward(case)
+    ref = backward(case)._asdict()
+    eps = _eps(dtype)
+    expected = {"dq", "dk", "dv"} | ({"dbias"} if case.bias is not None else set())
+    assert set(base) == expected
+    for key in expected:
+        r = ref[key]
+        assert base[key].shape == r.shape and base[key].dtype == np.float64
+        rel = np.abs(base[key] - r).max() / np.abs(r).max()
+        assert 0.05 * eps <= rel <= 30 * eps, (key, rel / eps)
+
+
+@pytest.mark.clauses("ATTN-TOL-5", "ATTN-EMPTY-3")
+def test_naive_backward_keeps_empty_rows_exactly_zero():
+    case = _case("float16", mask=np.arange(20) < 0)  # every row fully masked
+    base = naive_backward(case)
+    for key in ("dq", "dk", "dv"):
+        assert np.all(base[key] == 0.0)
+
+
+def test_naive_backward_conventions():
+    case = _case("bfloat16")
+    assert naive_backward(case) is naive_backward(case)
+    assert naive_backward(case, "float32") is not naive_backward(case)
+    with pytest.raises(ValueError, match="float64"):
+        naive_backward(_case("float64"))
+    with pytest.raises(ValueError, match="grad_out"):
+        naive_backward(Case.build(case.q, case.k, case.v, dtype="float16"))
+
+
+@pytest.mark.clauses("ATTN-TOL-5")
+def test_naive_backward_error_shrinks_with_precision():
+    """float32 emulation of a float16 case is far closer to float64 than float16 emulation."""
+    case = _case("float16", seed=3, causal="top_left")
+    ref = backward(case)
+    err16 = np.abs(naive_backward(case)["dq"] - ref.dq).max()
+    err32 = np.abs(naive_backward(case, "float32")["dq"] - ref.dq).max()
+    assert err32 < err16 * 1e-3
