@@ -30,6 +30,7 @@ class ConformanceFailure(AssertionError):
 
     def __init__(self, clause: str, message: str, case: Case | None = None, impl: str = ""):
         self.clause = clause
+        self.case = case
         text = message if message.startswith("[") else f"[{clause}] {message}"
         if impl:
             text = f"{impl}: {text}"
@@ -70,7 +71,7 @@ class TestRecord:
         r["max"] = max(r["max"], j.ratio_max)
         r["mean"] = max(r["mean"], j.ratio_mean)
         r["cases"] += 1
-        if len(self.samples) < MAX_SAMPLES:
+        if len(self.samples) < MAX_SAMPLES and hasattr(case, "shape"):
             s = case.shape
             self.samples.append({"dtype": j.dtype, "quantity": j.quantity, "Lq": s["Lq"], "Lk": s["Lk"], "Dk": s["Dk"],
                                  "ratio_max": j.ratio_max, "ratio_mean": j.ratio_mean})

@@ -186,7 +186,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if call.when != "call":
         return report
     rec = harness.end()
-    exc = call.excinfo.value if call.excinfo is not None else None
+    exc = _primary(call.excinfo.value) if call.excinfo is not None else None
     if report.passed:
         status = "divergent" if rec is not None and rec.divergent else "pass"
         message = None
@@ -200,15 +200,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         status, message = "error", f"{type(exc).__name__}: {exc}".splitlines()[0] if exc is not None else "error"
     record = _record(item, rec, status, message)
     if status in FAILING and rec is not None:
-        case = exc.case if isinstance(exc, harness.KernelAborted) and exc.case is not None else rec.current_case
+        case = getattr(exc, "case", None) or rec.current_case
         if case is not None:
-            path = _save_failure(item, case)
             record["case"] = case.summary()
-            record["failure_file"] = str(path)
-            record["replay"] = _replay_command(item, path)
-            report.sections.append(("attnconf replay", f"saved case: {path}\nreplay: {record['replay']}"))
+            try:
+                path = _save_failure(item, case)
+            except Exception as exc:  # never lose the record because a case could not be saved
+                report.sections.append(("attnconf replay", f"could not save the failing case: {exc}"))
+            else:
+                record["failure_file"] = str(path)
+                record["replay"] = _replay_command(item, path)
+                report.sections.append(("attnconf replay", f"saved case: {path}\nreplay: {record['replay']}"))
     report.user_properties.append(("attnconf", record))
     return report
+
+
+def _primary(exc: BaseException) -> BaseException:
+    """The first conformance failure inside an exception group (Hypothesis reports several so)."""
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            inner = _primary(sub)
+            if isinstance(inner, (harness.ConformanceFailure, harness.KernelAborted)):
+                return inner
+        return _primary(exc.exceptions[0])
+    return exc
 
 
 def _skip_reason(report: pytest.TestReport) -> str:

@@ -56,6 +56,12 @@ def mask_with_causal(case: Case) -> bool:
 
 
 @region
+def kv_length_mismatch(case: Case) -> bool:
+    """K and V disagree in length (an invalid case, ATTN-OP-6)."""
+    return case.k.shape[2] != case.v.shape[2]
+
+
+@region
 def neg_inf_bias(case: Case) -> bool:
     return case.bias is not None and bool(np.isneginf(case.bias).any())
 

@@ -145,3 +145,264 @@ def fixed_case(seed: int = 0, *, B=1, Hq=2, Hkv=None, Lq=5, Lk=7, Dk=8, Dv=None,
     s = {"B": B, "Hq": Hq, "Hkv": Hkv or Hq, "Lq": Lq, "Lk": Lk, "Dk": Dk, "Dv": Dv or Dk}
     q, k, v = values(rng, s, params.pop("regime", "ordinary"), dtype)
     return Case.build(q, k, v, dtype=dtype, seed=seed, **params)
+
+
+# ---- property-module strategies (weights, causality, permutation, independence, GQA helper) ----
+
+@st.composite
+def onehot_cases(draw, *, max_len: int = 33, max_chunks: int = 4) -> Case:
+    """Small cases with Dv = Dk whose weights can be read through one-hot V in at most `max_chunks` calls.
+
+    Dk is raised to ceil(Lk / max_chunks) where needed (q and k redrawn from the case's seed).
+    """
+    case = draw(cases(max_len=max_len, same_d=True, dv_ne_dk=False))
+    s = case.shape
+    d = max(s["Dk"], -(-s["Lk"] // max_chunks))
+    if d == s["Dk"]:
+        return case
+    rng = np.random.default_rng(case.seed)
+    q, k, v = values(rng, {**s, "Dk": d, "Dv": d}, case.regime, case.dtype)
+    if case.layout == "broadcast_kv":
+        k, v = np.broadcast_to(k[:1], k.shape).copy(), np.broadcast_to(v[:1], v.shape).copy()
+    return case.replace(q=q, k=k, v=v, grad_out=None)
+
+
+@st.composite
+def causal_cases(draw, *, max_len: int = 65, alignment: str | None = None, tall: bool = False) -> Case:
+    """Cases with causal masking on (both alignments unless `alignment`); `tall`: bottom_right with Lq > Lk."""
+    if tall:
+        lk = draw(st.sampled_from([n for n in SMALL_LENGTHS if n < max_len]))
+        lq = draw(st.sampled_from([n for n in SMALL_LENGTHS + MEDIUM_LENGTHS if lk < n <= max_len]))
+        case = draw(cases_with_shape(lq=lq, lk=lk))
+        return case.replace(causal="bottom_right")
+    case = draw(cases(max_len=max_len))
+    return case.replace(causal=alignment or draw(st.sampled_from(("top_left", "bottom_right"))))
+
+
+@st.composite
+def cases_with_shape(draw, *, lq: int, lk: int, hkv: int | None = None, group: int | None = None,
+                     dk: int | None = None, **switches) -> Case:
+    """Like `cases`, with the given lengths (and head counts / head dim where given) fixed."""
+    b = draw(st.sampled_from((1, 2, 3)))
+    hkv = hkv if hkv is not None else draw(st.sampled_from((1, 2, 3)))
+    group = group if group is not None else draw(st.sampled_from(GROUPS))
+    dk = dk if dk is not None else draw(st.sampled_from((8, 16, 4, 1, 32, 64)))
+    while b * hkv * group * lq * lk * 2 * dk > BUDGET and b > 1:
+        b -= 1
+    s = {"B": b, "Hq": hkv * group, "Hkv": hkv, "Lq": lq, "Lk": lk, "Dk": dk, "Dv": dk}
+    dtype = draw(st.sampled_from(switches.pop("dtypes", DTYPES)))
+    regime = draw(st.sampled_from(switches.pop("regimes", REGIMES)))
+    layouts = switches.pop("layouts", True)
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    q, k, v = values(rng, s, regime, dtype)
+    params = draw(mask_params(rng, s, **switches))
+    layout = draw(st.sampled_from(("contiguous", "contiguous", "noncontiguous", "broadcast_kv"))) if layouts \
+        else "contiguous"
+    if layout == "broadcast_kv":
+        k, v = np.broadcast_to(k[:1], k.shape).copy(), np.broadcast_to(v[:1], v.shape).copy()
+    return Case.build(q, k, v, dtype=dtype, seed=seed, regime=regime, layout=layout, **params)
+
+
+@st.composite
+def gqa_cases(draw, *, max_len: int = 65, mqa: bool = False) -> Case:
+    """Hkv < Hq with distinct KV heads: 2..4 KV heads in groups of 2..4, or Hkv = 1 (MQA) when `mqa`."""
+    lq = draw(lengths(max_len))
+    lk = draw(lengths(max_len)) if draw(st.booleans()) else lq
+    hkv = 1 if mqa else draw(st.sampled_from((2, 3, 4)))
+    group = draw(st.sampled_from((2, 4, 8) if mqa else (2, 3, 4)))
+    return draw(cases_with_shape(lq=lq, lk=lk, hkv=hkv, group=group))
+
+
+def without_q_lengths(case: Case) -> Case:
+    """The case with query padding removed (key padding kept)."""
+    return case if case.q_lengths is None else case.replace(q_lengths=None)
+
+
+# ---- property-module strategies (masks, empty rows, linearity, scale, dropout) ----
+# Appended by the masks/linearity/scaling/stability/dropout helper.
+
+def _hide_rows_kept(rng: np.random.Generator, m: np.ndarray) -> np.ndarray:
+    """Give every all-False row of a bool mask one True entry (so the mask empties no row)."""
+    m = m.copy()
+    empty = ~m.any(axis=-1)
+    for idx in zip(*np.nonzero(empty)):
+        m[idx + (int(rng.integers(m.shape[-1])),)] = True
+    return m
+
+
+@st.composite
+def mask_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES) -> Case:
+    """A case that certainly has a boolean mask (drawn shape and density), maybe with bias, causal, padding."""
+    empty_rows = draw(st.booleans())
+    case = draw(cases(max_len=max_len, dtypes=dtypes, empty_rows=empty_rows, layouts=False))
+    if case.mask is not None:
+        return case
+    s = case.shape
+    b, hq, lq, lk = s["B"], s["Hq"], s["Lq"], s["Lk"]
+    rng = np.random.default_rng(case.seed + 1)
+    mshape = draw(st.sampled_from(((b, 1, lq, lk), (lq, lk), (b, hq, lq, lk), (b, 1, 1, lk))))
+    m = rng.random(mshape) < draw(st.sampled_from((0.5, 0.8, 0.2)))
+    return case.replace(mask=m if empty_rows else _hide_rows_kept(rng, m))
+
+
+@st.composite
+def hidden_key_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES) -> Case:
+    """A case in which every batch element has key positions that no query sees, hidden by a
+    bool-mask column, a -inf bias column or kv_lengths (on top of what `cases` drew)."""
+    empty_rows = draw(st.booleans())
+    case = draw(cases(max_len=max_len, dtypes=dtypes, empty_rows=empty_rows))
+    s = case.shape
+    b, lk = s["B"], s["Lk"]
+    rng = np.random.default_rng(case.seed + 2)
+    how = draw(st.sampled_from(("mask", "bias", "kv_lengths")))
+    if how == "kv_lengths":
+        lo = 1 if not empty_rows and lk > 1 else 0
+        n = rng.integers(lo, lk, size=b)
+        return case.replace(kv_lengths=n if case.kv_lengths is None else np.minimum(n, case.kv_lengths))
+    hide = rng.random((b, lk)) < draw(st.sampled_from((0.25, 0.5)))
+    hide[np.arange(b), rng.integers(lk, size=b)] = True
+    if not empty_rows and lk > 1:
+        keep = rng.integers(lk, size=b)
+        hide[np.arange(b), keep] = False
+    cols = ~hide[:, None, None, :]
+    if how == "mask":
+        return case.replace(mask=cols if case.mask is None else np.logical_and(case.mask, cols))
+    bias = np.zeros((1, 1, 1, lk)) if case.bias is None else case.bias
+    return case.replace(bias=np.where(cols, bias, -np.inf))
+
+
+EMPTY_SOURCES = ("mask_row", "bias_row", "q_lengths", "kv_lengths", "bottom_right")
+
+
+@st.composite
+def empty_row_cases(draw, *, max_len: int = 33, dtypes: tuple[str, ...] = DTYPES,
+                    sources: tuple[str, ...] = EMPTY_SOURCES) -> Case:
+    """A case that certainly has fully-masked query rows, made by a mask row, a -inf bias row,
+    query padding, a zero key length, or bottom-right causal with Lq > Lk."""
+    how = draw(st.sampled_from(sources))
+    s = draw(shapes(max_len=max_len))
+    if how == "bottom_right":
+        s["Lq"] = max(s["Lq"], 2)
+        s["Lk"] = draw(st.integers(1, s["Lq"] - 1))
+    dtype = draw(st.sampled_from(dtypes))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    q, k, v = values(rng, s, draw(st.sampled_from(("ordinary", "ordinary", "large"))), dtype)
+    p = draw(mask_params(rng, s, causal=how != "bottom_right"))
+    b, hq, lq, lk = s["B"], s["Hq"], s["Lq"], s["Lk"]
+    where = (int(rng.integers(b)), int(rng.integers(lq)))
+    if how == "bottom_right":
+        p["causal"] = "bottom_right"
+        p.pop("q_lengths", None)
+        p.pop("kv_lengths", None)
+    elif how == "mask_row":
+        m = np.ones((b, 1, lq, lk), dtype=bool)
+        m[where[0], :, where[1], :] = False
+        p["mask"] = m if p.get("mask") is None else np.logical_and(p["mask"], m)
+    elif how == "bias_row":
+        old = p.get("bias", np.zeros((1, 1, 1, 1)))
+        bias = np.broadcast_to(old, np.broadcast_shapes(old.shape, (b, 1, lq, lk))).copy()
+        bias[where[0], :, where[1], :] = -np.inf
+        p["bias"] = bias
+    elif how == "q_lengths":
+        ql = p.get("q_lengths", rng.integers(0, lq + 1, size=b)).copy()
+        ql[where[0]] = min(ql[where[0]], int(rng.integers(0, lq)))
+        p["q_lengths"] = ql
+    else:
+        kl = p.get("kv_lengths", rng.integers(0, lk + 1, size=b)).copy()
+        kl[where[0]] = 0
+        p["kv_lengths"] = kl
+    return Case.build(q, k, v, dtype=dtype, seed=seed, regime="ordinary", **p)
+
+
+@st.composite
+def per_batch_mask_cases(draw, *, max_len: int = 33, dtypes: tuple[str, ...] = DTYPES) -> Case:
+    """B >= 2 and a mask, -inf bias or lengths that certainly differ between batch elements."""
+    s = draw(shapes(max_len=max_len))
+    s["B"] = draw(st.sampled_from((2, 3)))
+    if s["B"] * s["Hq"] * s["Lq"] * s["Lk"] * (s["Dk"] + s["Dv"]) > BUDGET:
+        s["Hq"] = s["Hkv"] = 1
+        s["Dk"] = s["Dv"] = min(s["Dk"], 16)
+    b, hq, lq, lk = s["B"], s["Hq"], s["Lq"], s["Lk"]
+    dtype = draw(st.sampled_from(dtypes))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    q, k, v = values(rng, s, "ordinary", dtype)
+    p = draw(mask_params(rng, s, masks=False, bias=False, padding=False))
+    how = draw(st.sampled_from(("mask", "bias", "kv_lengths", "q_lengths")))
+    if how in ("mask", "bias"):
+        shape = draw(st.sampled_from(((b, 1, lq, lk), (b, hq, lq, lk), (b, 1, 1, lk))))
+        m = rng.random(shape) < 0.5
+        if (m == m[:1]).all():
+            m[1].flat[int(rng.integers(m[1].size))] ^= True
+        if how == "mask":
+            p["mask"] = m
+        else:
+            p["bias"] = np.where(m, rng.normal(size=shape), -np.inf)
+    else:
+        n = lk if how == "kv_lengths" else lq
+        lens = rng.integers(0, n + 1, size=b)
+        if (lens == lens[0]).all():
+            lens[1] = (lens[0] + 1) % (n + 1)
+        p[how] = lens
+    return Case.build(q, k, v, dtype=dtype, seed=seed, **p)
+
+
+@st.composite
+def identical_key_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES) -> Case:
+    """Every key of a (batch, KV head) is the same vector; bool masks, causal and padding allowed, no bias."""
+    case = draw(cases(max_len=max_len, dtypes=dtypes, bias=False))
+    return case.replace(k=np.broadcast_to(case.k[:, :, :1], case.k.shape).copy())
+
+
+CUSTOM_SCALES = (0.5, 1.0, 0.125, 2.0, 0.01, 0.3)
+
+
+@st.composite
+def two_key_cases(draw, *, dk=None, dtypes: tuple[str, ...] = DTYPES, custom_scale: bool = True) -> Case:
+    """Lk = 2 with V rows e_0 and e_1 (or [1] and [0] when Dv = 1): out[i, 0] = sigmoid(scale * q_i.(k0 - k1)).
+
+    Each query is built so that scale * q_i.(k0 - k1) lies in +-[0.5, 2.5], where the
+    recovered scale is well conditioned."""
+    d = draw(dk if dk is not None else st.sampled_from(HEAD_DIMS))
+    dv = draw(st.sampled_from((d, d, 1, 2)))
+    dtype = draw(st.sampled_from(dtypes))
+    hq, lq = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 3, 8)))
+    scale = draw(st.sampled_from((None, None, None) + CUSTOM_SCALES)) if custom_scale else None
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    s = 1.0 / np.sqrt(d) if scale is None else scale
+    k0 = rng.normal(size=(1, hq, 1, d))
+    gap = rng.normal(size=(1, hq, 1, d))
+    gap *= np.sqrt(d) / np.linalg.norm(gap, axis=-1, keepdims=True)       # |k0 - k1|^2 = Dk
+    k = np.concatenate([k0, k0 - gap], axis=2)
+    z = rng.uniform(0.5, 2.5, size=(1, hq, lq, 1)) * rng.choice((-1.0, 1.0), size=(1, hq, lq, 1))
+    noise = rng.normal(size=(1, hq, lq, d))
+    noise -= (noise * gap).sum(-1, keepdims=True) * gap / d                 # orthogonal to the gap
+    q = z / (s * d) * gap + noise
+    v = np.zeros((1, hq, 2, dv))
+    v[:, :, 0, 0] = 1.0
+    if dv > 1:
+        v[:, :, 1, 1] = 1.0
+    return Case.build(q, k, v, dtype=dtype, seed=seed, scale=scale)
+
+
+@st.composite
+def dropout_cases(draw, *, dtypes: tuple[str, ...] = ("float32", "float64"),
+                  probabilities: tuple[float, ...] = (0.1, 0.3, 0.5)) -> Case:
+    """One-hot V (Dv = Lk <= 16, V[j] = e_j), so each output entry is one dropped-or-kept weight;
+    moderate logits (no weight near 0), no empty rows, at least 64 entries per call."""
+    b, hq = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
+    lq, lk = draw(st.sampled_from((4, 8, 16))), draw(st.sampled_from((4, 8, 16)))
+    while b * hq * lq * lk < 64:
+        hq *= 2
+    d = draw(st.sampled_from((4, 8, 16)))
+    dtype = draw(st.sampled_from(dtypes))
+    seed = draw(st.integers(0, 2**31))
+    rng = np.random.default_rng(seed)
+    q = 0.5 * rng.normal(size=(b, hq, lq, d))
+    k = 0.5 * rng.normal(size=(b, hq, lk, d))
+    v = np.broadcast_to(np.eye(lk), (b, hq, lk, lk)).copy()
+    return Case.build(q, k, v, dtype=dtype, seed=seed, causal=draw(st.sampled_from((None, "top_left"))),
+                      dropout_p=draw(st.sampled_from(probabilities)))

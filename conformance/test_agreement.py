@@ -4,6 +4,8 @@ This is the property that decides certification: across shapes, masks,
 causal alignments, GQA, dtypes and value regimes, the kernel's output stays
 within the tolerance model of its precision.
 """
+import numpy as np
+
 from conformance import strategies as st
 from conformance.harness import clauses, expect, for_cases, judge, run
 from conformance.tolerance import judge_lse, judge_output
@@ -14,6 +16,9 @@ PINNED = [
     st.fixed_case(3, Lq=9, Lk=4, Dk=16, causal="bottom_right", dtype="float16"),
     st.fixed_case(4, Lq=129, Lk=65, Dk=64, dtype="bfloat16", regime="large"),
     st.fixed_case(5, Lq=8, Lk=8, dtype="float64", kv_lengths=[3], q_lengths=[6]),
+    st.fixed_case(6, Hq=2, Lq=5, Lk=11, Dk=16, causal="bottom_right"),
+    st.fixed_case(7, B=2, Lq=6, Lk=9, Dk=16, mask=np.random.default_rng(7).random((2, 1, 1, 9)) < 0.5),
+    st.fixed_case(8, Lq=7, Lk=7, Dk=16, causal="top_left", dtype="float64"),
 ]
 
 

@@ -263,3 +263,31 @@ def _judge_grad64(g: np.ndarray, r: np.ndarray, bound: np.ndarray, name: str) ->
         j.reason = (f"[ATTN-TOL-5] {name} (float64): error {err[worst]:.3g} exceeds the bound {bound[worst]:.3g} at "
                     f"{worst}: got {g[worst]:.17g}, reference {r[worst]:.17g}")
     return j
+
+
+def judge_layer(actual: np.ndarray, lc) -> Judgement:
+    """ATTN-MHA-1 under the forward model: naive layer at the dtype as yardstick; float64 analytic."""
+    from reference.layer import mha, naive_mha
+
+    ref = mha(lc)
+    if actual.shape != ref.shape:
+        return Judgement(False, "layer", lc.dtype, float("inf"), float("inf"), 0, 0, 0, 0, 0, float("inf"),
+                         float("inf"), f"[ATTN-MHA-1] layer output shape {actual.shape} != {ref.shape}")
+    if lc.dtype != "float64":
+        return judge_arrays(actual, ref, np.abs(naive_mha(lc) - ref), lc.dtype, quantity="layer")
+    # float64: rounding of four E-long projections and the attention (bound of ATTN-TOL-4, per element).
+    e = lc.x_q.shape[-1]
+    xa = [np.abs(x) @ np.abs(w) for x, w in ((lc.x_q, lc.w_q), (lc.x_k, lc.w_k), (lc.x_v, lc.w_v))]
+    d = e // lc.num_heads
+    a = float((xa[0].max() * xa[1].max()) * d / np.sqrt(d))
+    y_abs = (xa[2].max(axis=1, keepdims=True) + 0 * ref) @ np.abs(lc.w_o)
+    bound = spec.tolerances()["float64"]["gamma"] * EPS64 * (4 * e + (d + 2) * a + 2 * lc.x_k.shape[1] + 8) \
+        * np.maximum(y_abs, np.abs(ref))
+    err = np.abs(actual - ref)
+    ratio = float((err / np.maximum(bound, 1e-300)).max(initial=0))
+    j = Judgement(bool((err <= bound).all()), "layer", "float64", float(err.max(initial=0)), float(err.mean()),
+                  float(bound.max(initial=0)), float(bound.mean()), float(bound.max(initial=0)), float(bound.mean()),
+                  0.0, ratio, ratio)
+    if not j.ok:
+        j.reason = f"[ATTN-MHA-1] layer (float64): error {j.e_max:.3g} exceeds the analytic bound (ratio {ratio:.3g})"
+    return j

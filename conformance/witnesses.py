@@ -34,6 +34,14 @@ def fully_masked_row() -> Case:
 
 
 @witness
+def kv_length_mismatch() -> Case:
+    """K has 5 rows and V 6: invalid, must raise. Built unvalidated on purpose."""
+    rng = np.random.default_rng(4)
+    return Case(rng.normal(size=(1, 2, 4, 8)), rng.normal(size=(1, 2, 5, 8)), rng.normal(size=(1, 2, 6, 8)),
+                dtype="float32")
+
+
+@witness
 def float64_precision() -> Case:
     """Ordinary float64 inputs: float32-accurate arithmetic misses the float64 bound by far."""
     q, k, v = _qkv(np.random.default_rng(2), lq=8, lk=8)

@@ -209,8 +209,13 @@ class Case:
 
     @classmethod
     def load(cls, path: str | Path) -> "Case":
+        """Load a saved case (a layer case too: the file's params say which)."""
         with np.load(path, allow_pickle=False) as data:
             params = json.loads(str(data["params"]))
+            if params.get("kind") == "layer":
+                from .layer import LayerCase
+
+                return LayerCase.from_npz(data, params)
             arrays = {n: data[n] for n in _ARRAYS if n in data.files}
         q, k, v = arrays.pop("q"), arrays.pop("k"), arrays.pop("v")
         return cls.build(q, k, v, **arrays, **params)

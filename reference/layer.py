@@ -99,6 +99,38 @@ class LayerCase:
         return (f"layer B={B} Lq={Lq} Lk={self.x_k.shape[1]} E={E} heads={self.num_heads} {self.dtype} "
                 f"biases={biases} mask={mask} causal={self.causal}")
 
+    def _arrays(self) -> dict[str, np.ndarray]:
+        names = (*_INPUTS, *_WEIGHTS, *_BIASES, "mask")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    def digest(self) -> str:
+        import hashlib
+        import json
+
+        h = hashlib.sha256()
+        for name, arr in sorted(self._arrays().items()):
+            h.update(name.encode() + str(arr.shape).encode() + np.ascontiguousarray(arr).tobytes())
+        h.update(json.dumps([self.num_heads, self.causal, self.dtype]).encode())
+        return h.hexdigest()[:16]
+
+    def save(self, path):
+        """Write as .npz: arrays by name plus a JSON `params` entry (kind = "layer")."""
+        import json
+        from pathlib import Path
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        params = {"kind": "layer", "num_heads": int(self.num_heads), "causal": self.causal, "dtype": self.dtype}
+        np.savez(path, params=np.array(json.dumps(params)), **self._arrays())
+        return path
+
+    @classmethod
+    def from_npz(cls, data, params: dict) -> "LayerCase":
+        arrays = {n: data[n] for n in data.files if n != "params"}
+        pos = [arrays.pop(n) for n in _INPUTS + _WEIGHTS]
+        params = {k: v for k, v in params.items() if k != "kind"}
+        return cls.build(*pos, **arrays, **params)
+
     def describe(self) -> dict[str, Any]:
         """JSON-ready parameters (no arrays) for records and reports."""
         B, Lq, E = self.x_q.shape

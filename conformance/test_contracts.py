@@ -1,0 +1,60 @@
+"""The calling contract: shape, dtype, invalid input, determinism (ATTN-OP-2, -5, -6, -7).
+
+`harness.run` already checks shape and dtype on every call of every test; this
+module states the contract on its own so a failure names it directly.
+"""
+import numpy as np
+import pytest
+
+from conformance import strategies as st
+from conformance.harness import SESSION, clauses, current, expect, for_cases, observe, run
+from reference import Case
+
+
+@clauses("ATTN-OP-2", "ATTN-OP-5")
+@for_cases(st.cases(max_len=65), weight=1)
+def test_output_shape_and_dtype(impl, case):
+    """The output is (B, Hq, Lq, Dv) in the input dtype."""
+    run(impl, case)
+
+
+INVALID = {
+    "batch mismatch": ((2, 2, 4, 8), (3, 2, 5, 8), (3, 2, 5, 8)),
+    "Dk mismatch": ((1, 2, 4, 8), (1, 2, 5, 6), (1, 2, 5, 8)),
+    "Hq not a multiple of Hkv": ((1, 3, 4, 8), (1, 2, 5, 8), (1, 2, 5, 8)),
+    "K and V lengths differ": ((1, 2, 4, 8), (1, 2, 5, 8), (1, 2, 6, 8)),
+}
+
+
+@clauses("ATTN-OP-6")
+@pytest.mark.parametrize("problem", sorted(INVALID))
+def test_invalid_shapes_raise(impl, problem):
+    """Invalid shapes raise instead of returning a result."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=s) for s in INVALID[problem])
+    entry = SESSION.divergences.match(impl.name, Case(q, k, v, dtype="float32")) if SESSION.divergences else None
+    if entry is not None and entry["clause"] == "ATTN-OP-6":
+        rec = current()
+        rec.divergent += 1
+        rec.divergences.add(entry["id"])
+        return
+    try:
+        out = impl.run_raw(q, k, v, "float32")
+    except NotImplementedError:
+        pytest.skip(f"{impl.name} cannot be called on raw shapes")
+    except Exception:
+        return
+    shape = getattr(out, "shape", None)
+    expect(False, "ATTN-OP-6", f"{problem}: q {q.shape}, k {k.shape}, v {v.shape} returned {shape} instead of raising",
+           None, impl)
+
+
+@clauses("ATTN-OP-7")
+def test_determinism_is_recorded(impl):
+    """Repeated calls on the same input: bitwise identical or not (recorded, not judged)."""
+    case = st.fixed_case(7, B=2, Hq=4, Hkv=2, Lq=33, Lk=65, Dk=64, dtype="float32", causal="bottom_right")
+    first = run(impl, case)
+    if first is None:
+        return
+    same = all(np.array_equal(first.out, run(impl, case).out, equal_nan=True) for _ in range(3))
+    observe("ATTN-OP-7", "bitwise_deterministic", "yes" if same else "no", case)

@@ -1,0 +1,81 @@
+"""The main job (`make report`): every installed backend, one process each, then the merge.
+
+Each backend runs `pytest conformance --backend=NAME --report=reports/runs/NAME-DEVICE.json`
+in its own process (one framework per process). Progress is printed as it
+goes; a backend that fails or crashes keeps its own record if it wrote one and
+never costs the others theirs; the merge runs on whatever run files exist.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = {"numpy": "numpy", "torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}
+
+
+def installed() -> list[str]:
+    return [b for b, mod in BACKENDS.items() if importlib.util.find_spec(mod) is not None]
+
+
+def run_backend(backend: str, device: str, runs: Path, profile: str, extra: list[str]) -> tuple[int, float, Path]:
+    path = runs / f"{backend}-{device}.json"
+    cmd = [sys.executable, "-m", "pytest", "conformance", f"--backend={backend}", f"--device={device}",
+           f"--hypothesis-profile={profile}", f"--report={path}", "-q", "-rN", "-p", "no:cacheprovider", *extra]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+    started = time.time()
+    done = 0
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        for line in proc.stdout:
+            ticks = re.fullmatch(r"([.FEsxXD]+)\s*(\[\s*\d+%\])?\s*", line.strip() + " ")
+            if ticks:
+                done += len(ticks.group(1))
+                print(f"\r  {backend}: {done} tests done {ticks.group(2) or ''}", end="", flush=True)
+            elif line.startswith(("verdict:", "ERROR", "FAILED", "  FAIL", "  CRASHED", "  TIMEOUT")):
+                print(f"\n  {backend}: {line.rstrip()}", flush=True)
+    print()
+    return proc.returncode, time.time() - started, path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--profile", default="ci")
+    p.add_argument("--out", default=str(ROOT / "reports"))
+    p.add_argument("--backends", default=",".join(installed()))
+    args, extra = p.parse_known_args(argv)
+    out = Path(args.out)
+    runs = out / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    summary = []
+    for backend in [b for b in args.backends.split(",") if b]:
+        print(f"[{backend}] running the conformance suite on {args.device} ...", flush=True)
+        code, secs, path = run_backend(backend, args.device, runs, args.profile, extra)
+        verdict = "no run file"
+        if path.exists():
+            try:
+                verdict = json.loads(path.read_text())["verdict"]["verdict"]
+            except (ValueError, KeyError):
+                verdict = "unreadable run file"
+        summary.append((backend, verdict, code, secs))
+    files = sorted(str(p) for p in runs.glob(f"*-{args.device}.json"))
+    merged = subprocess.run([sys.executable, "-m", "reports", "merge", "--out", str(out), *files], cwd=ROOT)
+    print("\nbackend      verdict                          exit   seconds")
+    for backend, verdict, code, secs in summary:
+        print(f"{backend:<12} {verdict:<32} {code:>4} {secs:>9.1f}")
+    print(f"\nmatrix: {out / 'README.md'}\nHTML:   {out / 'index.html'}")
+    if merged.returncode:
+        return merged.returncode
+    # Divergences are a verdict, not an error; a failing backend is.
+    return max((1 for _, v, code, _ in summary if v == "NONCONFORMANT" or code not in (0, 1)), default=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

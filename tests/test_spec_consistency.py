@@ -1,0 +1,65 @@
+"""The spec, the tests and the divergence files agree: one declaration per clause.
+
+Every clause in spec/clauses.toml is explained in SPEC.md and checked by at
+least one test; every id a test cites exists; every divergence file parses
+and names a known clause, region and witness.
+"""
+import re
+from pathlib import Path
+
+import pytest
+
+import spec
+from conformance.divergences import Divergences
+
+ROOT = Path(__file__).resolve().parent.parent
+CITE = re.compile(r"clauses\(([^)]*)\)")
+ID = re.compile(r'"(ATTN-[A-Z0-9]+-\d+)"')
+
+
+def cited_ids() -> dict[str, set[str]]:
+    cites: dict[str, set[str]] = {}
+    for path in [*ROOT.glob("conformance/test_*.py"), *ROOT.glob("tests/test_*.py")]:
+        for group in CITE.findall(path.read_text()):
+            for cid in ID.findall(group):
+                cites.setdefault(cid, set()).add(path.name)
+    return cites
+
+
+def test_every_clause_is_in_spec_md():
+    text = (ROOT / "spec" / "SPEC.md").read_text()
+    missing = [c for c in spec.clauses() if f"**{c}**" not in text]
+    assert not missing, f"clauses missing from SPEC.md: {missing}"
+
+
+def test_spec_md_cites_no_unknown_clause():
+    text = (ROOT / "spec" / "SPEC.md").read_text()
+    unknown = sorted(set(re.findall(r"ATTN-[A-Z0-9]+-\d+", text)) - set(spec.clauses()))
+    assert not unknown, f"SPEC.md names clauses not in clauses.toml: {unknown}"
+
+
+def test_every_clause_is_checked_by_a_test():
+    cites = cited_ids()
+    unchecked = [c for c in spec.clauses() if c not in cites]
+    assert not unchecked, f"clauses no test checks: {unchecked}"
+
+
+def test_every_cited_clause_exists():
+    unknown = {c: sorted(files) for c, files in cited_ids().items() if c not in spec.clauses()}
+    assert not unknown, f"tests cite unknown clauses: {unknown}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "spec" / "divergences").glob("*.toml")), ids=lambda p: p.name)
+def test_divergence_files_are_valid(path):
+    entries = spec.load_divergences(path)
+    Divergences(entries, "cpu")  # raises on unknown region or witness
+    ids = [e["id"] for e in entries]
+    assert len(ids) == len(set(ids)), f"duplicate ids in {path.name}"
+
+
+def test_malformed_divergence_file_names_line_and_field(tmp_path):
+    bad = tmp_path / "x.toml"
+    bad.write_text('[[divergence]]\nid = "A"\nclause = "ATTN-OP-1"\n\n[[divergence]]\nid = "B"\nclause = "NOPE"\n'
+                   'kind = "divergent"\nimplementations = ["*"]\nregion = "any"\nreason = "r"\nwitness = "w"\n')
+    with pytest.raises(spec.SpecError, match=r"x.toml:1 \(entry 'A'\): missing field 'kind'"):
+        spec.load_divergences(bad)
