@@ -100,6 +100,8 @@ def pytest_configure(config: pytest.Config) -> None:
     harness.SESSION.device = config.getoption("--device")
     harness.SESSION.long = config.getoption("--long")
     harness.SESSION.measure_memory = config.getoption("--measure-memory")
+    seed = config.getoption("--hypothesis-seed", default=None)
+    harness.SESSION.seed = int(seed) if seed not in (None, "") else None
     config.stash[RECORD_KEY] = {"impls": impls, "records": [], "started": time.time(), "backend": backend,
                                 "options": options, "entries": entries}
     settings.load_profile(config.getoption("--hypothesis-profile", default=None) or "dev")

@@ -62,6 +62,12 @@ def kv_length_mismatch(case: Case) -> bool:
 
 
 @region
+def rank1_mask(case: Case) -> bool:
+    """A boolean mask of shape (Lk,), broadcast over batch, heads and queries."""
+    return case.mask is not None and case.mask.ndim == 1
+
+
+@region
 def neg_inf_bias(case: Case) -> bool:
     return case.bias is not None and bool(np.isneginf(case.bias).any())
 

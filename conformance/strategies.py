@@ -88,9 +88,10 @@ def mask_params(draw, rng: np.random.Generator, s: dict[str, int], *, causal: bo
         p["causal"] = draw(st.sampled_from((None, None, "top_left", "bottom_right")))
     if masks and draw(st.integers(0, 2)) == 0:
         density = draw(st.sampled_from((0.5, 0.9, 0.1)))
-        mshape = draw(st.sampled_from(((b, 1, lq, lk), (1, 1, lq, lk), (b, hq, lq, lk), (lq, lk), (b, 1, 1, lk))))
+        mshape = draw(st.sampled_from(((b, 1, lq, lk), (1, 1, lq, lk), (b, hq, lq, lk), (lq, lk), (b, 1, 1, lk),
+                                       (lk,))))
         m = rng.random(mshape) < density
-        if empty_rows and mshape[-2] == lq and draw(st.integers(0, 3)) == 0:
+        if empty_rows and len(mshape) >= 2 and mshape[-2] == lq and draw(st.integers(0, 3)) == 0:
             m[..., int(rng.integers(lq)), :] = False     # a fully-masked row
         p["mask"] = m
     if bias and draw(st.integers(0, 3)) == 0:
@@ -205,13 +206,13 @@ def cases_with_shape(draw, *, lq: int, lk: int, hkv: int | None = None, group: i
 
 
 @st.composite
-def gqa_cases(draw, *, max_len: int = 65, mqa: bool = False) -> Case:
+def gqa_cases(draw, *, max_len: int = 65, mqa: bool = False, **switches) -> Case:
     """Hkv < Hq with distinct KV heads: 2..4 KV heads in groups of 2..4, or Hkv = 1 (MQA) when `mqa`."""
     lq = draw(lengths(max_len))
     lk = draw(lengths(max_len)) if draw(st.booleans()) else lq
     hkv = 1 if mqa else draw(st.sampled_from((2, 3, 4)))
     group = draw(st.sampled_from((2, 4, 8) if mqa else (2, 3, 4)))
-    return draw(cases_with_shape(lq=lq, lk=lk, hkv=hkv, group=group))
+    return draw(cases_with_shape(lq=lq, lk=lk, hkv=hkv, group=group, **switches))
 
 
 def without_q_lengths(case: Case) -> Case:

@@ -41,7 +41,7 @@ def _diverges(adapter, entry) -> bool | None:
     try:
         res = run(adapter, case, grads=grads, need=need, divergence=False)
     except ConformanceFailure:
-        return True            # raising or a broken contract is a departure too
+        return True            # raising, or a broken contract, is a departure too
     if res is None:
         return None
     if grads:

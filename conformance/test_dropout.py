@@ -27,10 +27,9 @@ import numpy as np
 import spec
 from conformance import strategies as st
 from conformance.harness import clauses, expect, expect_close, for_cases, run
-from conformance.tolerance import judge_output, ulp
+from conformance.tolerance import ulp
 from reference import oracle
 
-EPS64 = np.finfo(np.float64).eps
 
 
 @clauses("ATTN-DROP-1")

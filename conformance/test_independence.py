@@ -65,24 +65,24 @@ def head_subset(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, np.nd
 
 
 @clauses("ATTN-PROP-12")
-@for_cases(st.cases(max_len=33), examples=PINNED, weight=0.3)
+@for_cases(st.cases(max_len=33, empty_rows=False), examples=PINNED, weight=0.3)
 def test_batch_and_head_slices(impl, case):
-    """One batch element, and a subset of heads (whole KV groups), run alone give the full run's rows."""
+    """One batch element, or a subset of heads (whole KV groups), run alone gives the full run's rows."""
     s = case.shape
     rng = np.random.default_rng(case.seed)
+    chosen = head_subset(case, rng)
+    if s["B"] > 1 and (chosen is None or rng.random() < 0.5):
+        batch = np.array([int(rng.integers(s["B"]))])
+        sub, rows = slice_case(case, batch=batch), (batch,)
+    elif chosen is not None:
+        sub, rows = slice_case(case, heads=chosen[0], kv_heads=chosen[1]), (slice(None), chosen[0])
+    else:
+        return                                            # B = Hq = 1: nothing to slice
     full = run(impl, case)
     if full is None:
         return
-    batch = np.array([int(rng.integers(s["B"]))])
-    one = slice_case(case, batch=batch)
-    res = run(impl, one)
-    if res is not None:
-        expect_close(res.out, one, impl, clause="ATTN-PROP-12")
-        expect_close(full.out[batch], one, impl, clause="ATTN-PROP-12")
-    chosen = head_subset(case, rng)
-    if chosen is not None:
-        sub = slice_case(case, heads=chosen[0], kv_heads=chosen[1])
-        res = run(impl, sub)
-        if res is not None:
-            expect_close(res.out, sub, impl, clause="ATTN-PROP-12")
-            expect_close(full.out[:, chosen[0]], sub, impl, clause="ATTN-PROP-12")
+    res = run(impl, sub)
+    if res is None:
+        return
+    expect_close(full.out[rows], sub, impl, clause="ATTN-PROP-12")
+    expect_close(res.out, sub, impl, clause="ATTN-PROP-12")

@@ -13,7 +13,7 @@ import numpy as np
 
 from conformance import strategies as st
 from conformance.harness import clauses, expect, expect_close, for_cases, run
-from reference import Case, expand_kv, oracle
+from reference import expand_kv, oracle
 from conformance.tolerance import ulp
 
 EPS64 = np.finfo(np.float64).eps

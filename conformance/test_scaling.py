@@ -23,7 +23,7 @@ from conformance.harness import clauses, expect, expect_close, for_cases, run
 from conformance.tolerance import judge_output
 from reference import Case, expand_kv, oracle
 
-EPS64 = np.finfo(np.float64).eps
+
 
 
 def _logit(p: np.ndarray) -> np.ndarray:

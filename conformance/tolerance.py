@@ -97,8 +97,11 @@ def judge_arrays(actual: np.ndarray, ref: np.ndarray, base_err: np.ndarray, dtyp
     ok = e_max <= allowed_max and e_mean <= allowed_mean
     full_err = np.abs(np.where(finite, actual - ref, 0.0))
     worst = tuple(int(i) for i in np.unravel_index(np.argmax(full_err), full_err.shape))
+    # The recorded ratio divides by the baseline error, but never by less than one rounding unit
+    # (floor / floor_factor): a baseline that is exact by luck would make any ratio meaningless.
+    unit, unit_mean = floor / tol["floor_factor"], floor_mean / tol["floor_factor"]
     j = Judgement(ok, quantity, dtype, e_max, e_mean, allowed_max, allowed_mean, b_max, b_mean, floor,
-                  _ratio(e_max, b_max), _ratio(e_mean, b_mean), worst=worst)
+                  _ratio(e_max, max(b_max, unit)), _ratio(e_mean, max(b_mean, unit_mean)), worst=worst)
     if not ok:
         which = "ATTN-TOL-1" if e_max > allowed_max else "ATTN-TOL-2"
         j.reason = (f"[{which}] {quantity} ({dtype}): max error {e_max:.3g} (allowed {tol['c_max']:g} x baseline "

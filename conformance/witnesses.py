@@ -42,6 +42,13 @@ def kv_length_mismatch() -> Case:
 
 
 @witness
+def rank1_mask() -> Case:
+    """A (Lk,) mask hiding the last key, broadcast over everything else."""
+    q, k, v = _qkv(np.random.default_rng(5), h=2)
+    return Case.build(q, k, v, mask=np.arange(6) != 5, dtype="float32")
+
+
+@witness
 def float64_precision() -> Case:
     """Ordinary float64 inputs: float32-accurate arithmetic misses the float64 bound by far."""
     q, k, v = _qkv(np.random.default_rng(2), lq=8, lk=8)

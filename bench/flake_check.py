@@ -1,0 +1,47 @@
+"""No flakes: each backend's `ci` profile under N different Hypothesis seeds.
+
+A correct backend must end CONFORMANT or CONFORMANT_WITH_DIVERGENCES under every
+seed. Writes bench/flakes.json: per backend and seed, exit status, verdict,
+wall time and any failing records.
+
+    .venv/bin/python bench/flake_check.py --seeds 10 --backends numpy,torch,jax,tensorflow
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.runner import ROOT, run_suite  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--backends", default="numpy,torch,jax,tensorflow")
+    p.add_argument("--out", default=str(ROOT / "bench" / "flakes.json"))
+    args = p.parse_args()
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.exists() else {}
+    tmp = ROOT / ".attnconf-ci" / "flakes"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for backend in args.backends.split(","):
+        for seed in range(1, args.seeds + 1):
+            run = run_suite(backend, tmp / f"{backend}-{seed}.json", extra=(f"--hypothesis-seed={seed}",
+                                                                             f"--failures-dir={tmp / 'failures'}"))
+            verdict = (run.report or {}).get("verdict", {}).get("verdict", "no run file")
+            fails = [{"nodeid": r["nodeid"], "message": r["message"], "case": r["case"]}
+                     for r in (run.report or {}).get("records", []) if r["status"] in ("fail", "error", "crashed", "timeout")]
+            results.setdefault(backend, {})[str(seed)] = {"exit": run.returncode, "verdict": verdict,
+                                                          "wall_s": round(run.wall_s, 1), "failures": fails}
+            print(f"{backend} seed {seed}: exit {run.returncode} {verdict} {run.wall_s:.0f} s", flush=True)
+            out.write_text(json.dumps(results, indent=1))
+    flaky = {b: [s for s, r in v.items() if r["exit"] != 0] for b, v in results.items()}
+    print("runs with failures:", flaky)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
