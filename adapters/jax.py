@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import re
-from functools import partial
+
 from typing import Any, Callable, Literal
 
 import numpy as np
 
 import jax
-import jax.numpy as jnp
+
 
 from reference import Case, numpy_dtype
 
 from .base import Adapter, KernelError, Result
-from .jax_translate import JaxCall, as_4d, from_btnh, translate
+from .jax_translate import JaxCall, from_btnh, translate
 
 jax.config.update("jax_enable_x64", True)
 
@@ -62,9 +62,14 @@ def to_numpy(a: Any) -> np.ndarray:
     return np.asarray(jax.device_get(a))
 
 
-def precision_context(options: dict[str, Any]):
-    """'highest' matmul precision unless TF32 is allowed."""
-    if options.get("allow_tf32"):
+def precision_context(options: dict[str, Any], dtype: str = "float32"):
+    """'highest' matmul precision for float32/float64 unless TF32 is allowed.
+
+    Half-precision inputs are left at the default: XLA's GPU backend rejects the
+    'highest' algorithm for float16 dots (measured on an H100, jax 0.11.2:
+    "Unsupported dot precision algorithm"), and TF32 does not apply to them.
+    """
+    if options.get("allow_tf32") or dtype not in ("float32", "float64"):
         return contextlib.nullcontext()
     return jax.default_matmul_precision("highest")
 
@@ -125,7 +130,7 @@ class JaxSdpaAdapter(Adapter):
     def hlo_text(self, case: Case, *, residual: bool = False) -> str:
         """The compiled HLO of the forward call for `case`."""
         args, static = self.jax_arguments(case, translate(case))
-        with precision_context(self.options):
+        with precision_context(self.options, case.dtype):
             return _attend_jit.lower(*args, **static, residual=residual).compile().as_text()
 
     # -- running ----------------------------------------------------------
@@ -134,7 +139,7 @@ class JaxSdpaAdapter(Adapter):
         args, static = self.jax_arguments(case, call)
         want_lse = "lse" in self.capabilities
         try:
-            with precision_context(self.options):
+            with precision_context(self.options, case.dtype):
                 out, lse = self._forward(args, static, want_lse, self.eager(case))
                 g = self._backward(case, args, static) if grads else None
         except KernelError:
@@ -181,7 +186,7 @@ class JaxSdpaAdapter(Adapter):
         dev = jax_device(self.device)
         qj, kj, vj = (to_jax(np.swapaxes(np.asarray(x, dtype=np.float64), -3, -2) if np.ndim(x) >= 3 else x,
                              dtype, dev) for x in (q, k, v))
-        with precision_context(self.options):
+        with precision_context(self.options, dtype):
             out = jax.nn.dot_product_attention(qj, kj, vj, implementation=self.implementation)
         return np.swapaxes(to_numpy(out), -3, -2)
 

@@ -81,7 +81,7 @@ class FlaxMhaAdapter(Adapter):
         xq, xk, xv = (jax.device_put(np.asarray(x).astype(t), dev) for x in (lc.x_q, lc.x_k, lc.x_v))
         mask = None if lc.mask is None else jax.device_put(np.asarray(lc.mask, dtype=bool)[:, None], dev)
         try:
-            with precision_context(self.options):
+            with precision_context(self.options, lc.dtype):
                 out = m(xq, xk, xv, mask=mask, is_causal=lc.causal == "top_left", deterministic=True)
         except Exception as exc:
             raise KernelError(f"{self.name} raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from reference import Case

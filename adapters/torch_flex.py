@@ -94,13 +94,14 @@ class FlexAdapter(TorchAdapter):
                     ok = ok & c(b, h, i, j)
                 return ok
             block_mask = create_block_mask(mask_mod, B, Hq, Lq, Lk, device=dev)
-        score_mod, bias_t = None, None
-        if case.bias is not None:
-            bias_t = to_tensor(case.bias, case.dtype, dev).requires_grad_(grads)
-            def score_mod(score, b, h, i, j):
-                return score + bias_e[b, h, i, j]
-            bias_e = bias_t.expand(full)
-        return score_mod, block_mask, bias_t
+        if case.bias is None:
+            return None, block_mask, None
+        bias_t = to_tensor(case.bias, case.dtype, dev).requires_grad_(grads)
+        bias_e = bias_t.expand(full)
+
+        def add_bias(score, b, h, i, j):
+            return score + bias_e[b, h, i, j]
+        return add_bias, block_mask, bias_t
 
     def run(self, case: Case, *, grads: bool = False) -> Result:
         dev, t = self.device, case.dtype

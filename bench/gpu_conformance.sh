@@ -15,7 +15,12 @@ suite() {  # name timeout args...
       --report="$OUT/$name.json" --failures-dir="$OUT/failures-$name" > "$OUT/$name.log" 2>&1
   echo "$name: exit $? in $(( $(date +%s) - t0 )) s"
 }
-suite torch-cuda "${TORCH_S:-290}" --backend=torch --device=cuda
-suite torch-cuda-tf32 "${TF32_S:-70}" --backend=torch --device=cuda --allow-tf32 --impl=torch:sdpa-math,torch:sdpa-efficient -k agreement
+# One process per torch implementation: a CUDA fault (cuDNN "misaligned address", seen on an H100)
+# poisons the CUDA context of its process, and must not take the other implementations' results with it.
+for impl in ${TORCH_IMPLS:-sdpa-math sdpa-flash sdpa-efficient sdpa-cudnn flex mha}; do
+  suite "torch-cuda-$impl" "${TORCH_S:-75}" --backend=torch --device=cuda --impl="torch:$impl"
+done
+[ -n "${TF32_S:-}" ] && suite torch-cuda-tf32 "$TF32_S" --backend=torch --device=cuda --allow-tf32 \
+    --impl=torch:sdpa-math,torch:sdpa-efficient -k agreement
 suite jax-gpu "${JAX_S:-170}" --backend=jax --device=gpu
 for f in "$OUT"/*.log; do echo "== $f"; grep -E "verdict|worst error|FAIL |ERROR |passed|failed" "$f" | tail -14; done

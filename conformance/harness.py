@@ -238,6 +238,22 @@ def expect_close(actual: np.ndarray, case: Case, impl: Adapter | str, *, clause:
     return judge(j, case, impl, None)
 
 
+def expect_agree(o1: np.ndarray, j1: tolerance.Judgement, o2: np.ndarray, j2: tolerance.Judgement, *, gap: float,
+                 clause: str, what: str, case: Case, impl: Adapter | str) -> None:
+    """Two kernel outputs agree within both allowances plus `gap`, the distance between their references."""
+    finite = np.isfinite(o1) & np.isfinite(o2)
+    d = float(np.abs(o1 - o2)[finite].max(initial=0.0))
+    allowed = j1.allowed_max + j2.allowed_max + gap
+    expect(d <= allowed, clause, f"{what}: outputs differ by {d:.3g} > combined allowance {allowed:.3g}", case, impl)
+
+
+def reference_gap(case1: Case, case2: Case) -> float:
+    """max |O_ref(case1) - O_ref(case2)|: how far two cases' exact answers are apart."""
+    from reference import oracle
+
+    return float(np.nanmax(np.abs(oracle(case1).out - oracle(case2).out), initial=0.0))
+
+
 def expect(condition: bool, clause: str, message: str, case: Case | None, impl: Adapter | str) -> None:
     if not condition:
         raise ConformanceFailure(clause, message, case, impl if isinstance(impl, str) else impl.name)

@@ -44,6 +44,7 @@ settings.register_profile("thorough", max_examples=300, deadline=None, suppress_
 RECORD_KEY = pytest.StashKey[dict]()
 
 
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("attnconf", "attnconf conformance")
     g.addoption("--backend", help=f"backend under test: {', '.join(adapters.BACKENDS)} (required)")
@@ -156,7 +157,7 @@ def _impl_of(item: pytest.Item) -> str:
     callspec = getattr(item, "callspec", None)
     if callspec is not None:
         for name in ("impl", "layer_impl"):
-            if name in callspec.params:
+            if name in callspec.params and isinstance(callspec.params[name], adapters.Adapter):
                 return callspec.params[name].name
     return "-"
 
@@ -183,7 +184,8 @@ def pytest_runtest_call(item: pytest.Item):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
-    if call.when == "setup" and report.skipped:
+    if call.when == "setup" and report.skipped and _impl_of(item) != "-":
+        # (a test with no implementation of its kind, e.g. no layer adapter, leaves no record)
         report.user_properties.append(("attnconf", _record(item, None, "unsupported", _skip_reason(report))))
     if call.when != "call":
         return report

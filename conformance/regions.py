@@ -68,6 +68,18 @@ def rank1_mask(case: Case) -> bool:
 
 
 @region
+def masked_logit_beats_finite_mask_bias(case: Case) -> bool:
+    """A hidden key's logit exceeds its row's largest visible logit by more than 32768 - 40: a kernel
+    that applies a boolean mask as a finite bias of about -32768 (float16's usual choice) lets it through."""
+    f = oracle(case)
+    hidden = ~f.visible & np.isfinite(f.logits)
+    if not hidden.any():
+        return False
+    top_visible = np.where(f.visible, f.logits, -np.inf).max(axis=-1, keepdims=True)
+    return bool((hidden & (f.logits - 32768.0 > top_visible - 40.0)).any())
+
+
+@region
 def neg_inf_bias(case: Case) -> bool:
     return case.bias is not None and bool(np.isneginf(case.bias).any())
 

@@ -291,7 +291,7 @@ def empty_row_cases(draw, *, max_len: int = 33, dtypes: tuple[str, ...] = DTYPES
     rng = np.random.default_rng(seed)
     q, k, v = values(rng, s, draw(st.sampled_from(("ordinary", "ordinary", "large"))), dtype)
     p = draw(mask_params(rng, s, causal=how != "bottom_right"))
-    b, hq, lq, lk = s["B"], s["Hq"], s["Lq"], s["Lk"]
+    b, lq, lk = s["B"], s["Lq"], s["Lk"]
     where = (int(rng.integers(b)), int(rng.integers(lq)))
     if how == "bottom_right":
         p["causal"] = "bottom_right"

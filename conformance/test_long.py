@@ -3,7 +3,6 @@
 Both run only when asked (`--long`, `--measure-memory`): they take minutes, and
 the dense reference cannot reach these lengths at all.
 """
-import time
 import tracemalloc
 
 import numpy as np

@@ -21,18 +21,8 @@ import numpy as np
 from hypothesis import strategies as hst
 
 from conformance import strategies as st
-from conformance.harness import clauses, expect, expect_close, for_cases, observe, run
-from conformance.tolerance import Judgement
+from conformance.harness import clauses, expect, expect_agree, expect_close, for_cases, observe, reference_gap, run
 from reference import Case, oracle, visibility
-
-
-def _expect_agree(o1: np.ndarray, j1: Judgement, o2: np.ndarray, j2: Judgement, gap: float, clause: str,
-                  what: str, case: Case, impl) -> None:
-    """Two kernel outputs agree within both allowances plus the gap between their references."""
-    finite = np.isfinite(o1) & np.isfinite(o2)
-    d = float(np.abs(o1 - o2)[finite].max(initial=0.0))
-    allowed = j1.allowed_max + j2.allowed_max + gap
-    expect(d <= allowed, clause, f"{what}: outputs differ by {d:.3g} > combined allowance {allowed:.3g}", case, impl)
 
 
 def _garbage(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -104,8 +94,8 @@ def test_bool_mask_equals_neg_inf_bias(impl, case):
         return
     j1 = expect_close(r_mask.out, case, impl, clause="ATTN-MASK-1")
     j2 = expect_close(r_bias.out, as_b, impl, clause="ATTN-MASK-2")
-    gap = float(np.nanmax(np.abs(oracle(case).out - oracle(as_b).out), initial=0.0))
-    _expect_agree(r_mask.out, j1, r_bias.out, j2, gap, "ATTN-MASK-2", "bool mask vs -inf bias", case, impl)
+    expect_agree(r_mask.out, j1, r_bias.out, j2, gap=reference_gap(case, as_b), clause="ATTN-MASK-2",
+                 what="bool mask vs -inf bias", case=case, impl=impl)
 
 
 def batch_slice(case: Case, b: int) -> Case:
@@ -135,7 +125,8 @@ def test_per_batch_masks(impl, case):
     if res is None:
         return
     jb = expect_close(res.out, one, impl, clause="ATTN-MASK-5")
-    _expect_agree(full.out[1:2], jf, res.out, jb, 0.0, "ATTN-MASK-5", "batch element 1 in the batch vs alone", case, impl)
+    expect_agree(full.out[1:2], jf, res.out, jb, gap=0.0, clause="ATTN-MASK-5",
+                 what="batch element 1 in the batch vs alone", case=case, impl=impl)
 
 
 # ---- explicit small cases ---------------------------------------------------------

@@ -15,6 +15,7 @@ import numpy as np
 import spec
 from reference import Case, oracle, round_to
 from reference.attention import expand_kv
+from reference.backward import group_sum, reduce_to_shape
 
 EPS64 = np.finfo(np.float64).eps
 
@@ -217,19 +218,6 @@ def judge_gradients(grads: dict[str, np.ndarray], case: Case) -> list[Judgement]
     return out
 
 
-def _group_sum(x: np.ndarray, hkv: int) -> np.ndarray:
-    b, hq = x.shape[:2]
-    return x.reshape(b, hkv, hq // hkv, *x.shape[2:]).sum(axis=2)
-
-
-def reduce_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Sum a (B, H, Lq, Lk) array over the axes along which an array of `shape` was broadcast."""
-    lead = x.ndim - len(shape)
-    x = x.sum(axis=tuple(range(lead))) if lead else x
-    axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
-    return x.sum(axis=axes, keepdims=True) if axes else x
-
-
 def _gradient_bounds64(case: Case) -> dict[str, np.ndarray]:
     """Elementwise float64 bounds: gamma eps64 K |X|_abs, with |X|_abs the backward recomputed on magnitudes."""
     f = oracle(case)
@@ -246,10 +234,10 @@ def _gradient_bounds64(case: Case) -> dict[str, np.ndarray]:
     ds = p * (dp + delta)
     sc = abs(case.effective_scale)
     mags = {"dq": sc * ds @ ke,
-            "dk": _group_sum(sc * np.swapaxes(ds, -1, -2) @ np.abs(case.q), hkv),
-            "dv": _group_sum(np.swapaxes(p, -1, -2) @ do, hkv)}
+            "dk": group_sum(sc * np.swapaxes(ds, -1, -2) @ np.abs(case.q), hkv),
+            "dv": group_sum(np.swapaxes(p, -1, -2) @ do, hkv)}
     if case.bias is not None:
-        mags["dbias"] = reduce_to(ds, case.bias.shape)
+        mags["dbias"] = reduce_to_shape(ds, case.bias.shape)
     return {n: gamma * EPS64 * k * m for n, m in mags.items()}
 
 

@@ -49,6 +49,18 @@ def rank1_mask() -> Case:
 
 
 @witness
+def masked_huge_logit_half() -> Case:
+    """float16; key 0 is hidden by the mask but its scaled logit is about 6e4, far above the visible ones."""
+    rng = np.random.default_rng(6)
+    q, k, v = _qkv(rng, lq=2, lk=4)
+    q[..., 0], k[..., 0, :] = 300.0, 0.0
+    k[..., 0, 0] = 566.0
+    mask = np.ones((1, 1, 2, 4), dtype=bool)
+    mask[..., 0] = False
+    return Case.build(q, k, v, mask=mask, dtype="float16")
+
+
+@witness
 def float64_precision() -> Case:
     """Ordinary float64 inputs: float32-accurate arithmetic misses the float64 bound by far."""
     q, k, v = _qkv(np.random.default_rng(2), lq=8, lk=8)

@@ -46,7 +46,7 @@ def _pair_matmul(coef: np.ndarray, x: np.ndarray, vis: np.ndarray) -> np.ndarray
     return out
 
 
-def _group_sum(x: np.ndarray, hkv: int) -> np.ndarray:
+def group_sum(x: np.ndarray, hkv: int) -> np.ndarray:
     """(B, Hq, L, D) -> (B, Hkv, L, D): sum the query heads of each GQA group."""
     B, Hq = x.shape[:2]
     return x.reshape(B, hkv, Hq // hkv, *x.shape[2:]).sum(axis=2)
@@ -87,7 +87,7 @@ def backward_arrays(q, k, v, dout, *, mask=None, bias=None, causal=None, scale=N
         dk_full = s * _pair_matmul(np.swapaxes(ds, -1, -2), q, np.swapaxes(vis, -1, -2))
         dv_full = _pair_matmul(np.swapaxes(p, -1, -2), dout, np.swapaxes(vis, -1, -2))
     dbias = None if bias is None else reduce_to_shape(ds, np.shape(bias))
-    return Grads(dq, _group_sum(dk_full, Hkv), _group_sum(dv_full, Hkv), dbias)
+    return Grads(dq, group_sum(dk_full, Hkv), group_sum(dv_full, Hkv), dbias)
 
 
 def backward(case: Case) -> Grads:
