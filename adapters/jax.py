@@ -158,9 +158,11 @@ class JaxSdpaAdapter(Adapter):
         return res
 
     def eager(self, case: Case) -> bool:
-        """float16 on CPU cannot run under jit: the explicit F16_F16_F32 dot algorithm fails at
-        compile time, and JAX's fallback only catches the error when ops run eagerly."""
-        return case.dtype == "float16" and self.device == "cpu"
+        """float16 cannot run under jit: JAX asks for the explicit F16_F16_F32 dot algorithm, which
+        fails at compile time on CPU and, for small shapes, on an H100 ("Unsupported dot precision
+        algorithm"), and its fallback only catches the error when ops run eagerly. jax:cudnn is
+        exempt: its fused call has no such dot."""
+        return case.dtype == "float16" and self.implementation == "xla"
 
     def _forward(self, args, static, want_lse, eager=False):
         fn = _attend if eager else _attend_jit

@@ -69,8 +69,6 @@ def _usage(msg: str) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "clauses(*ids): spec clauses this test checks")
-    if getattr(config, "workerinput", None) is None and config.option.collectonly is False:
-        pass
     backend = config.getoption("--backend")
     if not backend:
         _usage(f"--backend is required; choose from: {', '.join(adapters.BACKENDS)} "

@@ -73,7 +73,7 @@ def _ratio(e: float, base: float) -> float:
 
 
 def judge_arrays(actual: np.ndarray, ref: np.ndarray, base_err: np.ndarray, dtype: str, *,
-                 quantity: str = "out", model: str = "forward") -> Judgement:
+                 quantity: str = "out", model: str = "forward", magnitude: np.ndarray | None = None) -> Judgement:
     """ATTN-TOL-1, -2, -3 for one quantity, given the baseline's elementwise error |O_base - O_ref|."""
     tol = spec.tolerances()[model]
     finite = np.isfinite(ref)
@@ -88,7 +88,10 @@ def judge_arrays(actual: np.ndarray, ref: np.ndarray, base_err: np.ndarray, dtyp
     err = np.abs(np.where(finite, actual, 0.0) - np.where(finite, ref, 0.0))[finite]
     berr = np.asarray(base_err)[finite]
     berr = np.where(np.isfinite(berr), berr, 0.0)
-    noise = rounding_noise(np.where(finite, ref, 0.0), dtype)[finite]
+    # The floor is rounding noise at the result's magnitude, or at the magnitude of the terms it is
+    # summed from where the caller knows it (gradients: exact zeros arise by cancellation there).
+    at = ref if magnitude is None else np.maximum(np.abs(ref), magnitude)
+    noise = rounding_noise(np.where(finite, at, 0.0), dtype)[finite]
     floor = tol["floor_factor"] * float(noise.max())
     floor_mean = tol["floor_factor"] * float(noise.mean())
     e_max, e_mean = float(err.max()), float(err.mean())
@@ -206,6 +209,7 @@ def judge_gradients(grads: dict[str, np.ndarray], case: Case) -> list[Judgement]
         from reference.emulate_backward import naive_backward
 
         base = naive_backward(case)
+        mags = gradient_magnitudes(case)
     for name in ("dq", "dk", "dv", "dbias"):
         if name not in grads or getattr(ref, name) is None:
             continue
@@ -214,17 +218,24 @@ def judge_gradients(grads: dict[str, np.ndarray], case: Case) -> list[Judgement]
         if case.dtype == "float64":
             out.append(_judge_grad64(g, r, bounds[name], name))
         else:
-            out.append(judge_arrays(g, r, np.abs(base[name] - r), case.dtype, quantity=name, model="gradient"))
+            out.append(judge_arrays(g, r, np.abs(base[name] - r), case.dtype, quantity=name, model="gradient",
+                                    magnitude=mags[name]))
     return out
 
 
 def _gradient_bounds64(case: Case) -> dict[str, np.ndarray]:
     """Elementwise float64 bounds: gamma eps64 K |X|_abs, with |X|_abs the backward recomputed on magnitudes."""
-    f = oracle(case)
     a, _ = _logit_magnitude(case)
     s = case.shape
     k = (s["Dk"] + 2) * float(a.max(initial=0)) + 2 * s["Lk"] + s["Dv"] + 4
     gamma = spec.tolerances()["float64"]["gamma"]
+    return {n: gamma * EPS64 * k * m for n, m in gradient_magnitudes(case).items()}
+
+
+def gradient_magnitudes(case: Case) -> dict[str, np.ndarray]:
+    """|dX|_abs: the backward recomputed on magnitudes (|dO|, |V|, |K|, |Q|, P, |dP| + |delta|)."""
+    f = oracle(case)
+    s = case.shape
     hq, hkv = s["Hq"], s["Hkv"]
     p = f.weights
     do = np.abs(case.grad_out)
@@ -238,7 +249,7 @@ def _gradient_bounds64(case: Case) -> dict[str, np.ndarray]:
             "dv": group_sum(np.swapaxes(p, -1, -2) @ do, hkv)}
     if case.bias is not None:
         mags["dbias"] = reduce_to_shape(ds, case.bias.shape)
-    return {n: gamma * EPS64 * k * m for n, m in mags.items()}
+    return mags
 
 
 def _judge_grad64(g: np.ndarray, r: np.ndarray, bound: np.ndarray, name: str) -> Judgement:

@@ -100,7 +100,7 @@ def render_markdown(cert: dict[str, Any], clauses: list[Clause] | None = None) -
                   + (f" {md(d['link'])}" if d.get("link") else "") for d in cert["divergences"]]
     else:
         lines.append("None.")
-    lines += ["", "### Error ratios (observed error / allowed error; ≤ 1 passes)", "",
+    lines += ["", "### Error ratios (e_kernel / e_base; passing requires e_kernel <= 2 e_base + a rounding floor)", "",
               "| dtype | worst ratio | cases |", "|---|---|---|"]
     lines += [f"| {md(dt)} | {format_ratio(r['max'])} | {r['cases']} |" for dt, r in cert["ratios"].items()]
     lines += ["", "### Environment", "", "| | |", "|---|---|"]

@@ -158,8 +158,8 @@ def render(report: Report) -> str:
 
     legend = ('<p class="legend"><span class="conformant">✓ conformant</span><span class="divergent">◐ documented '
               'divergence</span><span class="unsupported">– unsupported</span><span class="failing">✗ failing'
-              '</span><span class="notrun">· not run</span> The number is the worst error ratio (observed error / '
-              'allowed error; ≤ 1 passes). Click a cell for its records.</p>')
+              '</span><span class="notrun">· not run</span> The number is the worst error ratio e_kernel / e_base '
+              '(a pass needs e_kernel ≤ 2 e_base + a rounding floor, spec §12). Click a cell for its records.</p>')
     sec.append('<h2 id="heatmap">Clauses × implementations</h2>' + legend + heatmap(report))
     sec.append('<h2 id="matrix">Clauses × implementation × dtype</h2><p class="small">The same records split by '
                'dtype; the cells above hold the drill-down.</p>' + dtype_matrix(report))

@@ -111,7 +111,7 @@ def render(report: Report) -> str:
         "# attnconf conformance matrix",
         "",
         "Legend: ✅ conformant, ⚠️ documented divergence (id), ➖ unsupported, ❌ failing, · not run;"
-        " the number is the worst error ratio (observed error / allowed error, ≤ 1 passes).",
+        " the number is the worst error ratio e_kernel / e_base (kernel error over the naive baseline's; a pass needs e_kernel <= 2 e_base + a rounding floor, spec §12).",
         "",
         "## Verdicts",
         "",
