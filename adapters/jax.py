@@ -217,6 +217,9 @@ class XlaAdapter(JaxSdpaAdapter):
 
     name = "jax:xla"
     implementation = "xla"
+    # Every new shape compiles under jit (measured: 119 of 138 s of a ci run is JAX itself); two thirds
+    # of the examples keep the ci run near 90 s. The thorough profile scales the count back up.
+    example_budget = 0.65
     devices = ("cpu", "gpu")
     dtypes = ("float64", "float32", "float16", "bfloat16")
     capabilities = _SDPA_CAPS | {"grads", "dbias", "lse"}

@@ -1,0 +1,66 @@
+"""Hostile kernels through the whole suite under --isolate: every run finishes, says what
+happened in a per-test status, and writes a complete report (issue: certifying untrusted kernels).
+
+The numpy backend is used so the worker starts in a fraction of a second; the kernels only use
+operations NumPy and torch share.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# kernel -> (status of the agreement test's record, text in its message)
+EXPECTED = {
+    "segfault": ("crashed", "SIGSEGV"),
+    "hang": ("timeout", "no answer after 3 s"),
+    "alloc_unbounded": ("crashed", "out of memory"),
+    "returns_nan": ("fail", "ATTN-TOL-3"),
+    "wrong_shape": ("fail", "ATTN-OP-2"),
+    "mutates_inputs": ("fail", "mutated its input"),
+    "raises_always": ("fail", "kernel raised"),
+    "returns_list": ("fail", "not an array"),
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(EXPECTED))
+def test_hostile_kernel_gets_its_status_and_the_run_completes(kernel, tmp_path):
+    report = tmp_path / "run.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance", "--backend=numpy", f"--kernel=tests.kernels.hostile:{kernel}",
+         "--isolate", "--case-timeout=3", "--memory-limit=0.5", "--hypothesis-profile=ci", "-q", "-p",
+         "no:cacheprovider", "-k", "test_output_matches_reference or test_output_shape_and_dtype",
+         f"--report={report}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run = json.loads(report.read_text())
+    assert run["verdict"]["verdict"] == "NONCONFORMANT"
+    records = {r["test"]: r for r in run["records"]}
+    assert set(records) == {"test_output_matches_reference", "test_output_shape_and_dtype"}, "a test lost its record"
+    status, text = EXPECTED[kernel]
+    rec = records["test_output_matches_reference"]
+    assert rec["status"] == status and text in rec["message"], rec
+    assert rec["case"] and rec["replay"] and Path(rec["failure_file"]).exists(), rec
+    # the run went on after the first test: the second one has a record of its own
+    assert records["test_output_shape_and_dtype"]["status"] in ("crashed", "timeout", "fail")
+
+
+def test_replay_fails_the_same_way_every_time(tmp_path):
+    """The printed replay command reproduces exactly the saved failure, run after run."""
+    def suite(*args):
+        return subprocess.run([sys.executable, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+
+    report = tmp_path / "run.json"
+    suite("conformance", "--backend=numpy", "--kernel=tests.kernels.hostile:returns_nan", "-x",
+          "--hypothesis-profile=ci", f"--report={report}")
+    rec = next(r for r in json.loads(report.read_text())["records"] if r["status"] == "fail")
+    args = rec["replay"].split()[3:]              # drop "python -m pytest"
+    outcomes = []
+    for _ in range(2):
+        proc = suite(*[a.strip("'") for a in args])
+        assert proc.returncode == 1
+        outcomes.append([line for line in proc.stdout.splitlines() if line.startswith("  FAIL")])
+    assert outcomes[0] == outcomes[1] and rec["message"] in outcomes[0][0]
