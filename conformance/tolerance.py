@@ -206,9 +206,9 @@ def judge_gradients(grads: dict[str, np.ndarray], case: Case) -> list[Judgement]
     if case.dtype == "float64":
         bounds = _gradient_bounds64(case)
     else:
-        from reference.emulate_backward import naive_backward
+        from reference.emulate_backward import gradient_baseline_error
 
-        base = naive_backward(case)
+        base_err = gradient_baseline_error(case)
         mags = gradient_magnitudes(case)
     for name in ("dq", "dk", "dv", "dbias"):
         if name not in grads or getattr(ref, name) is None:
@@ -218,7 +218,7 @@ def judge_gradients(grads: dict[str, np.ndarray], case: Case) -> list[Judgement]
         if case.dtype == "float64":
             out.append(_judge_grad64(g, r, bounds[name], name))
         else:
-            out.append(judge_arrays(g, r, np.abs(base[name] - r), case.dtype, quantity=name, model="gradient",
+            out.append(judge_arrays(g, r, base_err[name], case.dtype, quantity=name, model="gradient",
                                     magnitude=mags[name]))
     return out
 

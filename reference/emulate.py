@@ -68,12 +68,40 @@ def naive_forward(case: Case, variant: tuple[str, str, str] = ("q", "divide", "a
     r = _rounder(dtype)
     f32 = np.float32
     hq = case.shape["Hq"]
+    with np.errstate(all="ignore"):
+        v = expand_kv(case.v, hq).astype(f32)
+        v0 = np.where(np.isfinite(v), v, f32(0))
+        p, l, m = naive_softmax_parts(case, scaling, acc, dtype)
+        safe_l = np.where(l > 0, l, f32(1)).astype(f32)
+        if norm == "divide":
+            out = r(seq_matmul(r(np.where(l > 0, p / safe_l, f32(0))), v0, acc))
+        elif norm == "reciprocal":
+            out = r(seq_matmul(r(np.where(l > 0, p * (f32(1) / safe_l), f32(0))), v0, acc))
+        else:
+            out = r(np.where(l > 0, r(seq_matmul(r(p), v0, acc)) / safe_l, f32(0)))
+        lse = r(np.where(l[..., 0] > 0, m[..., 0] + np.log(safe_l)[..., 0], -np.inf).astype(f32))
+    result = (out.astype(np.float64), lse.astype(np.float64))
+    case._cache[key] = result
+    return result
+
+
+def naive_softmax_parts(case: Case, scaling: str, acc: str, dtype: str):
+    """(p, l, m) in float32: unnormalised exp(s - m) of the visible logits, its row sum, the row max.
+
+    The logits are formed with the scale applied to Q, to the logits, or as sqrt(scale) on Q and K,
+    accumulated in `acc` order and rounded to `dtype`, as a naive implementation does.
+    """
+    key = ("softmax_parts", dtype, scaling, acc)
+    if key in case._cache:
+        return case._cache[key]
+    r = _rounder(dtype)
+    f32 = np.float32
+    hq = case.shape["Hq"]
     vis = oracle(case).visible
     sc = f32(case.effective_scale)
     with np.errstate(all="ignore"):
         q = case.q.astype(f32)
         k = expand_kv(case.k, hq).astype(f32)
-        v = expand_kv(case.v, hq).astype(f32)
         if scaling == "q":
             s = r(seq_matmul(r(q * sc), np.swapaxes(k, -1, -2), acc))
         elif scaling == "logits":
@@ -88,18 +116,8 @@ def naive_forward(case: Case, variant: tuple[str, str, str] = ("q", "divide", "a
         m = np.where(np.isneginf(m), f32(0), m).astype(f32)
         p = np.where(vis, np.exp(s - m), f32(0)).astype(f32)
         l = np.cumsum(p, axis=-1, dtype=f32)[..., -1:] if p.shape[-1] else np.zeros(p.shape[:-1] + (1,), f32)
-        safe_l = np.where(l > 0, l, f32(1)).astype(f32)
-        v0 = np.where(np.isfinite(v), v, f32(0))
-        if norm == "divide":
-            out = r(seq_matmul(r(np.where(l > 0, p / safe_l, f32(0))), v0, acc))
-        elif norm == "reciprocal":
-            out = r(seq_matmul(r(np.where(l > 0, p * (f32(1) / safe_l), f32(0))), v0, acc))
-        else:
-            out = r(np.where(l > 0, r(seq_matmul(r(p), v0, acc)) / safe_l, f32(0)))
-        lse = r(np.where(l[..., 0] > 0, m[..., 0] + np.log(safe_l)[..., 0], -np.inf).astype(f32))
-    result = (out.astype(np.float64), lse.astype(np.float64))
-    case._cache[key] = result
-    return result
+    case._cache[key] = (p, l, m)
+    return p, l, m
 
 
 def baseline_error(case: Case, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
