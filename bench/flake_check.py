@@ -20,6 +20,7 @@ from bench.runner import ROOT, run_suite  # noqa: E402
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--seed-list", default=None, help="comma-separated seeds (instead of 1..--seeds)")
     p.add_argument("--backends", default="numpy,torch,jax,tensorflow")
     p.add_argument("--out", default=str(ROOT / "bench" / "flakes.json"))
     args = p.parse_args()
@@ -28,7 +29,8 @@ def main() -> int:
     tmp = ROOT / ".attnconf-ci" / "flakes"
     tmp.mkdir(parents=True, exist_ok=True)
     for backend in args.backends.split(","):
-        for seed in range(1, args.seeds + 1):
+        seeds = [int(x) for x in args.seed_list.split(",")] if args.seed_list else range(1, args.seeds + 1)
+        for seed in seeds:
             run = run_suite(backend, tmp / f"{backend}-{seed}.json", extra=(f"--hypothesis-seed={seed}",
                                                                              f"--failures-dir={tmp / 'failures'}"))
             verdict = (run.report or {}).get("verdict", {}).get("verdict", "no run file")

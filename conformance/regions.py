@@ -110,7 +110,7 @@ def multi_query(case: Case) -> bool:
 @region
 def float64_scale_not_float32(case: Case) -> bool:
     """float64 case whose effective scale is not exactly a float32 (an API that rounds the scale to float32 loses it)."""
-    s = case.effective_scale
+    s = 1.0 / np.sqrt(case.head_dim) if hasattr(case, "num_heads") else case.effective_scale  # layer: 1/sqrt(d)
     return case.dtype == "float64" and float(np.float32(s)) != s
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .attention import forward
 from .case import Case, CaseError, numpy_dtype, round_to
-from .emulate import _rounder, naive_forward
+from .emulate import VARIANTS, _rounder, naive_forward, seq_matmul
 
 _INPUTS = ("x_q", "x_k", "x_v")
 _WEIGHTS = ("w_q", "w_k", "w_v", "w_o")
@@ -174,23 +174,25 @@ def mha(lc: LayerCase) -> np.ndarray:
     return cached
 
 
-def naive_mha(lc: LayerCase, dtype: str | None = None) -> np.ndarray:
-    """The layer at `dtype` (default: the case's) as a naive implementation computes it, float64.
+def naive_mha(lc: LayerCase, dtype: str | None = None,
+              variant: tuple[str, str, str] = ("q", "divide", "blas")) -> np.ndarray:
+    """The layer at `dtype` (default: the case's) as one naive variant computes it, float64.
 
-    Each projection is a float32-accumulated x @ W + b rounded to dtype; attention is
-    `reference.emulate.naive_forward` on the rounded per-head Q, K, V.
+    Each projection is a float32-accumulated x @ W + b (summed in the variant's order) rounded
+    to dtype; attention is `reference.emulate.naive_forward` of the same variant on the rounded
+    per-head Q, K, V.
     """
     dtype = dtype or lc.dtype
     if dtype == "float64":
         raise ValueError("there is no emulated baseline for float64; use the analytic bound")
-    key = ("naive_mha", dtype)
+    key = ("naive_mha", dtype, variant)
     if key in lc._cache:
         return lc._cache[key]
     r = _rounder(dtype)
     f32 = np.float32
 
     def project(x, w, b):
-        y = np.matmul(x.astype(f32), w.astype(f32))
+        y = seq_matmul(x.astype(f32), w.astype(f32), variant[2])
         return r(y if b is None else y + b.astype(f32)).astype(np.float64)
 
     h = lc.num_heads
@@ -199,10 +201,22 @@ def naive_mha(lc: LayerCase, dtype: str | None = None) -> np.ndarray:
         k = _split(project(lc.x_k, lc.w_k, lc.b_k), h)
         v = _split(project(lc.x_v, lc.w_v, lc.b_v), h)
         case = Case.build(q, k, v, mask=_head_mask(lc), causal=lc.causal, dtype=dtype)
-        o, _ = naive_forward(case)
+        o, _ = naive_forward(case, variant)
         out = project(_merge(o), lc.w_o, lc.b_o)
     lc._cache[key] = out
     return out
+
+
+def layer_baseline_error(lc: LayerCase) -> np.ndarray:
+    """Elementwise max over the naive variants (reference.emulate.VARIANTS) of |naive_mha - mha|,
+    the same envelope over orders the spec leaves open as for attention alone."""
+    key = ("layer_baseline_error", lc.dtype)
+    if key not in lc._cache:
+        ref = mha(lc)
+        with np.errstate(all="ignore"):
+            errs = [np.abs(naive_mha(lc, variant=v) - ref) for v in VARIANTS]
+        lc._cache[key] = np.nan_to_num(np.max(errs, axis=0), nan=0.0, posinf=0.0)
+    return lc._cache[key]
 
 
 def random_layer_case(rng: np.random.Generator, B: int, Lq: int, Lk: int, E: int, num_heads: int,
