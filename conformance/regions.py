@@ -87,6 +87,12 @@ def negative_scale_is_causal(case: Case) -> bool:
 
 
 @region
+def single_query_single_key(case: Case) -> bool:
+    """Lq = Lk = 1: the products degenerate to elementwise ones."""
+    return case.shape["Lq"] == 1 and case.shape["Lk"] == 1
+
+
+@region
 def neg_inf_bias(case: Case) -> bool:
     return case.bias is not None and bool(np.isneginf(case.bias).any())
 

@@ -93,6 +93,14 @@ def flash_grad_large_logits() -> Case:
 
 
 @witness
+def bfloat16_grad_one_by_one() -> Case:
+    """bfloat16, one query and one key, with an output gradient."""
+    rng = np.random.default_rng(9)
+    q, k, v = _qkv(rng, lq=1, lk=1)
+    return Case.build(q, k, v, grad_out=rng.normal(size=(1, 1, 1, 8)), dtype="bfloat16")
+
+
+@witness
 def float64_precision() -> Case:
     """Ordinary float64 inputs: float32-accurate arithmetic misses the float64 bound by far."""
     q, k, v = _qkv(np.random.default_rng(2), lq=8, lk=8)
