@@ -247,6 +247,19 @@ def expect_agree(o1: np.ndarray, j1: tolerance.Judgement, o2: np.ndarray, j2: to
     expect(d <= allowed, clause, f"{what}: outputs differ by {d:.3g} > combined allowance {allowed:.3g}", case, impl)
 
 
+def expect_equivalent(impl: Adapter, case1: Case, case2: Case, *, clause: str, what: str,
+                      clause1: str | None = None) -> None:
+    """Two cases the spec says are equivalent: each output within tolerance of its own reference,
+    and the two outputs within both allowances plus the distance between the references."""
+    r1, r2 = run(impl, case1), run(impl, case2)
+    if r1 is None or r2 is None:
+        return
+    j1 = expect_close(r1.out, case1, impl, clause=clause1 or clause)
+    j2 = expect_close(r2.out, case2, impl, clause=clause)
+    expect_agree(r1.out, j1, r2.out, j2, gap=reference_gap(case1, case2), clause=clause, what=what,
+                 case=case2, impl=impl)
+
+
 def reference_gap(case1: Case, case2: Case) -> float:
     """max |O_ref(case1) - O_ref(case2)|: how far two cases' exact answers are apart."""
     from reference import oracle
