@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 report: setup
-	$(PY) -m reports.runall
+	$(PY) -m attnconf.reports.runall
 
 test: setup test-own test-suites test-catalogue
 

@@ -15,10 +15,10 @@ from .callable import CallableAdapter, check_sdpa_signature
 
 # backend name -> (adapter module, framework import name)
 BACKENDS: dict[str, tuple[str, str]] = {
-    "numpy": ("adapters.numpy", "numpy"),
-    "torch": ("adapters.torch", "torch"),
-    "jax": ("adapters.jax", "jax"),
-    "tensorflow": ("adapters.tensorflow", "tensorflow"),
+    "numpy": ("attnconf.adapters.numpy", "numpy"),
+    "torch": ("attnconf.adapters.torch", "torch"),
+    "jax": ("attnconf.adapters.jax", "jax"),
+    "tensorflow": ("attnconf.adapters.tensorflow", "tensorflow"),
 }
 INSTALL_HINTS = {"numpy": "pip install numpy ml_dtypes", "torch": "pip install torch==2.13.0",
                  "jax": "pip install 'jax[cpu]' flax", "tensorflow": "pip install tensorflow-cpu"}

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from reference import Case
+from attnconf.reference import Case
 
 # The vocabulary of capabilities. An adapter lists the ones it has.
 CAPABILITIES = frozenset({

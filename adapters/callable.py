@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from reference import Case
+from attnconf.reference import Case
 
 from .base import Adapter, KernelError, Result
 from .sdpa_convention import fold_mask

@@ -30,7 +30,7 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any, Literal
 
-from reference import Case
+from attnconf.reference import Case
 
 from .base import Adapter, KernelError, Result
 
@@ -94,7 +94,7 @@ def _worker(conn, spec: dict[str, Any], memory_bytes: int) -> None:
     """Build the adapter, send its declaration, then answer requests until told to stop."""
     t0 = time.perf_counter()
     try:
-        import adapters  # noqa: PLC0415
+        from attnconf import adapters  # noqa: PLC0415
 
         impl = spec.get("impl")
         found = adapters.load(spec["backend"], device=spec.get("device", "cpu"), kernel=spec.get("kernel"),

@@ -24,7 +24,7 @@ import numpy as np
 import jax
 
 
-from reference import Case, numpy_dtype
+from attnconf.reference import Case, numpy_dtype
 
 from .base import Adapter, KernelError, Result
 from .jax_translate import JaxCall, from_btnh, translate

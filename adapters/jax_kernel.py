@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from reference import Case
+from attnconf.reference import Case
 
 from .base import KernelError, Result
 from .callable import CallableAdapter

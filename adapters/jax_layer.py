@@ -52,7 +52,7 @@ class FlaxMhaAdapter(Adapter):
         """An nnx.MultiHeadAttention holding the LayerCase's weights, in its dtype."""
         from flax import nnx
 
-        from reference import numpy_dtype
+        from attnconf.reference import numpy_dtype
 
         t = jnp.dtype(numpy_dtype(lc.dtype))
         E, H = lc.w_q.shape[0], lc.num_heads

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reference import Case, causal_visible
+from attnconf.reference import Case, causal_visible
 
 
 @dataclass

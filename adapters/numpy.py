@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-import reference
-from reference import Case, numpy_dtype, round_to
+from attnconf import reference
+from attnconf.reference import Case, numpy_dtype, round_to
 
 from .base import CAPABILITIES, Adapter, Result
 from .callable import CallableAdapter
@@ -41,7 +41,7 @@ class ReferenceAdapter(Adapter):
         res = Result(out=round_to(out, t), out_dtype=t, lse=round_to(f.lse, "float32" if t != "float64" else t),
                      weights=round_to(w, t), kernel="reference float64, rounded once to the dtype")
         if grads:
-            from reference.backward import backward  # noqa: PLC0415 (heavy only when asked)
+            from attnconf.reference.backward import backward  # noqa: PLC0415 (heavy only when asked)
 
             g = backward(case)
             res.grads = {n: round_to(getattr(g, n), t) for n in ("dq", "dk", "dv")}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference import Case, visibility
+from attnconf.reference import Case, visibility
 
 SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 

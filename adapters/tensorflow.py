@@ -28,7 +28,7 @@ from typing import Any, Callable  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from reference import Case, visibility  # noqa: E402
+from attnconf.reference import Case, visibility  # noqa: E402
 
 from .base import Adapter, KernelError, Result  # noqa: E402
 from .callable import CallableAdapter  # noqa: E402

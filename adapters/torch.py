@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from reference import Case
+from attnconf.reference import Case
 
 from .base import Adapter, KernelError, Result
 from .callable import FULL_SDPA, CallableAdapter

@@ -22,7 +22,7 @@ try:  # torch >= 2.9 asks for the LSE through return_aux; older versions through
 except ImportError:  # pragma: no cover (depends on the installed torch)
     AuxRequest = None
 
-from reference import Case
+from attnconf.reference import Case
 
 from .base import KernelError, Result
 from .torch_convert import dtype_name, to_numpy, to_tensor

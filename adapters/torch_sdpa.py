@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from reference import Case
+from attnconf.reference import Case
 
 from .base import Adapter, KernelError, NotSupported, Result
 from .sdpa_convention import fold_mask

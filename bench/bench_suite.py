@@ -83,7 +83,7 @@ def bench_catalogue(bugs: list[str], profile: str, tmp: Path, correct: bool) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import adapters  # noqa: PLC0415 (after sys.path is set)
+    from attnconf import adapters  # noqa: PLC0415 (after sys.path is set)
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backends", default=",".join(adapters.available_backends()))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from fnmatch import fnmatch
 from typing import Any
 
-from reference import Case
+from attnconf.reference import Case
 
 from .regions import REGIONS
 from .witnesses import WITNESSES

@@ -17,9 +17,9 @@ from hypothesis import example, given
 from hypothesis import seed as hseed
 from hypothesis import settings as hsettings
 
-from adapters import Adapter, KernelError, Result
-from adapters.base import NotSupported
-from reference import Case
+from attnconf.adapters import Adapter, KernelError, Result
+from attnconf.adapters.base import NotSupported
+from attnconf.reference import Case
 
 from . import tolerance
 
@@ -262,7 +262,7 @@ def expect_equivalent(impl: Adapter, case1: Case, case2: Case, *, clause: str, w
 
 def reference_gap(case1: Case, case2: Case) -> float:
     """max |O_ref(case1) - O_ref(case2)|: how far two cases' exact answers are apart."""
-    from reference import oracle
+    from attnconf.reference import oracle
 
     return float(np.nanmax(np.abs(oracle(case1).out - oracle(case2).out), initial=0.0))
 

@@ -24,14 +24,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-import adapters
-import spec
-from reference import Case
+from attnconf import adapters
+from attnconf import spec
+from attnconf.reference import Case
 
 from . import harness
 from .divergences import Divergences
 
 ROOT = Path(__file__).resolve().parent.parent
+SUITE_DIR = Path(__file__).resolve().parent
 SUITE_VERSION = "0.1.0"
 FAILING = ("fail", "error", "crashed", "timeout")
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
@@ -71,8 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "clauses(*ids): spec clauses this test checks")
     backend = config.getoption("--backend")
     if not backend:
-        _usage(f"--backend is required; choose from: {', '.join(adapters.BACKENDS)} "
-               f"(installed here: {', '.join(adapters.available_backends())})")
+        return  # inert: attnconf acts only when its options are given (see pytest_collection_modifyitems)
     options = {"allow_tf32": config.getoption("--allow-tf32")}
     try:
         impls = adapters.load(backend, device=config.getoption("--device"), kernel=config.getoption("--kernel"),
@@ -120,7 +120,7 @@ def _check_writable(path: Path) -> None:
 
 
 def _isolate(config: pytest.Config, impls: list, options: dict) -> list:
-    from adapters.isolated import IsolatedAdapter
+    from attnconf.adapters.isolated import IsolatedAdapter
 
     out = []
     for a in impls:
@@ -143,6 +143,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if RECORD_KEY not in config.stash:
+        if any(Path(str(item.path)).resolve().parent == SUITE_DIR for item in items):
+            _usage(f"--backend is required to run the attnconf suite; choose from: {', '.join(adapters.BACKENDS)} "
+                   f"(installed here: {', '.join(adapters.available_backends())})")
+        return
     known = spec.clauses()
     for item in items:
         for mark in item.iter_markers("clauses"):
@@ -169,6 +174,8 @@ def _clauses_of(item: pytest.Item) -> list[str]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
+    if RECORD_KEY not in item.config.stash:
+        return (yield)
     harness.begin(harness.TestRecord(item.nodeid, item.originalname if hasattr(item, "originalname") else item.name,
                                      _clauses_of(item), _impl_of(item)))
     item._attnconf_started = time.time()
@@ -182,6 +189,8 @@ def pytest_runtest_call(item: pytest.Item):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
+    if RECORD_KEY not in item.config.stash:
+        return report
     if call.when == "setup" and report.skipped and _impl_of(item) != "-":
         # (a test with no implementation of its kind, e.g. no layer adapter, leaves no record)
         report.user_properties.append(("attnconf", _record(item, None, "unsupported", _skip_reason(report))))
@@ -286,7 +295,7 @@ def _replay_command(item: pytest.Item, path: Path) -> str:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Collect records on the controller (works with and without pytest-xdist)."""
     cfg = _CONFIG
-    if cfg is None:
+    if cfg is None or RECORD_KEY not in cfg.stash:
         return
     for key, value in report.user_properties:
         if key == "attnconf":
@@ -424,7 +433,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def _write_run(path: Path, run: dict[str, Any]) -> None:
     try:
-        from reports import runfile
+        from attnconf.reports import runfile
 
         runfile.write(path, run)
     except ImportError:

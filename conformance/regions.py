@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from reference import Case, oracle
+from attnconf.reference import Case, oracle
 
 REGIONS: dict[str, Callable[[Case], bool]] = {}
 
@@ -118,7 +118,7 @@ def float16_unscaled_logit_overflow(case: Case) -> bool:
     overflows. Hidden positions count too: an inf there meets a -inf bias as NaN (measured, seed 10)."""
     if case.dtype != "float16":
         return False
-    from reference import expand_kv  # noqa: PLC0415
+    from attnconf.reference import expand_kv  # noqa: PLC0415
 
     with np.errstate(all="ignore"):
         raw = np.abs(np.einsum("bhid,bhjd->bhij", case.q, expand_kv(case.k, case.shape["Hq"])))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from reference import DTYPES, Case
+from attnconf.reference import DTYPES, Case
 
 BUDGET = 1_500_000
 # Lengths where tiled kernels break: 1, small primes, 2^k +- 1, = 1 mod 16/32/64/128, several blocks.
@@ -135,7 +135,7 @@ def cases(draw, *, dtypes: tuple[str, ...] = DTYPES, regimes: tuple[str, ...] = 
 
 def visible_rows_only(case: Case) -> bool:
     """Every query row sees at least one key."""
-    from reference import oracle
+    from attnconf.reference import oracle
 
     return bool(oracle(case).visible.any(axis=-1).all())
 

@@ -6,9 +6,9 @@ within the tolerance model of its precision.
 """
 import numpy as np
 
-from conformance import strategies as st
-from conformance.harness import clauses, expect, for_cases, judge, run
-from conformance.tolerance import judge_lse, judge_output
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import clauses, expect, for_cases, judge, run
+from attnconf.conformance.tolerance import judge_lse, judge_output
 
 PINNED = [
     st.fixed_case(1, Lq=1, Lk=1, Dk=1),

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from adapters import Adapter
-from conformance import strategies as st
-from conformance.harness import clauses, current, expect, expect_close, for_cases, observe, run
-from reference import Case, causal_visible, oracle
+from attnconf.adapters import Adapter
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import clauses, current, expect, expect_close, for_cases, observe, run
+from attnconf.reference import Case, causal_visible, oracle
 
 KEY = "forward_bitwise_deterministic"       # the ATTN-OP-7 observation
 PINNED = [

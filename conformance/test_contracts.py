@@ -6,9 +6,9 @@ module states the contract on its own so a failure names it directly.
 import numpy as np
 import pytest
 
-from conformance import strategies as st
-from conformance.harness import SESSION, clauses, current, expect, for_cases, observe, run
-from reference import Case
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import SESSION, clauses, current, expect, for_cases, observe, run
+from attnconf.reference import Case
 
 
 @clauses("ATTN-OP-2", "ATTN-OP-5")

@@ -6,9 +6,9 @@ removed, so the list of divergences never hides a fixed bug or a new one.
 import numpy as np
 import pytest
 
-from conformance.harness import SESSION, ConformanceFailure, clauses, expect, observe, run
-from conformance.tolerance import judge_gradients, judge_layer, judge_lse, judge_output
-from conformance.witnesses import WITNESSES
+from attnconf.conformance.harness import SESSION, ConformanceFailure, clauses, expect, observe, run
+from attnconf.conformance.tolerance import judge_gradients, judge_layer, judge_lse, judge_output
+from attnconf.conformance.witnesses import WITNESSES
 
 LSE_CLAUSES = {"ATTN-EMPTY-2", "ATTN-W-3"}
 GRAD_CLAUSES = {"ATTN-EMPTY-3", "ATTN-GRAD-1", "ATTN-GRAD-2", "ATTN-TOL-5"}
@@ -53,8 +53,8 @@ def _diverges(adapter, entry) -> bool | None:
 
 def _as_layer(case):
     """The layer form of an attention witness: same batch, lengths, heads, dtype and visibility."""
-    from reference import oracle
-    from reference.layer import random_layer_case
+    from attnconf.reference import oracle
+    from attnconf.reference.layer import random_layer_case
 
     s = case.shape
     vis = oracle(case).visible[:, 0]

@@ -24,11 +24,11 @@ import math
 
 import numpy as np
 
-import spec
-from conformance import strategies as st
-from conformance.harness import clauses, expect, expect_close, expect_equivalent, for_cases, run
-from conformance.tolerance import ulp
-from reference import oracle
+from attnconf import spec
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import clauses, expect, expect_close, expect_equivalent, for_cases, run
+from attnconf.conformance.tolerance import ulp
+from attnconf.reference import oracle
 
 
 

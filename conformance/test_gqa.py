@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance import strategies as st
-from conformance.harness import clauses, expect_close, for_cases, run
-from reference import Case, expand_kv
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import clauses, expect_close, for_cases, run
+from attnconf.reference import Case, expand_kv
 
 PINNED_GQA = [
     st.fixed_case(51, B=1, Hq=4, Hkv=2, Lq=5, Lk=7, Dk=8),

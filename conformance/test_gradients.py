@@ -5,9 +5,9 @@ spec/tolerances.toml and a naive backward emulated at the dtype as yardstick.
 """
 import numpy as np
 
-from conformance import strategies as st
-from conformance.harness import clauses, expect, for_cases, judge, run
-from conformance.tolerance import judge_gradients
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import clauses, expect, for_cases, judge, run
+from attnconf.conformance.tolerance import judge_gradients
 
 
 @clauses("ATTN-GRAD-1", "ATTN-GRAD-2", "ATTN-TOL-5")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance import strategies as st
-from conformance.harness import clauses, expect_close, for_cases, run
-from reference import Case
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import clauses, expect_close, for_cases, run
+from attnconf.reference import Case
 
 PINNED = [
     st.fixed_case(41, B=3, Hq=4, Hkv=2, Lq=9, Lk=17, Dk=8, kv_lengths=[17, 0, 5], causal="bottom_right"),

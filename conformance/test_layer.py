@@ -7,9 +7,9 @@ flax nnx) are loaded with the spec's weights and compared with
 import numpy as np
 from hypothesis import strategies as hst
 
-from conformance.harness import SESSION, clauses, current, for_cases, judge
-from conformance.tolerance import judge_layer
-from reference.layer import random_layer_case
+from attnconf.conformance.harness import SESSION, clauses, current, for_cases, judge
+from attnconf.conformance.tolerance import judge_layer
+from attnconf.reference.layer import random_layer_case
 
 
 @hst.composite

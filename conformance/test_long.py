@@ -8,10 +8,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from conformance.harness import SESSION, clauses, expect, observe, run
-from conformance.tolerance import rounding_noise
-from reference import Case
-from reference.tiled import tiled_forward
+from attnconf.conformance.harness import SESSION, clauses, expect, observe, run
+from attnconf.conformance.tolerance import rounding_noise
+from attnconf.reference import Case
+from attnconf.reference.tiled import tiled_forward
 
 LONG_LENGTHS = (4096, 16384, 32768)
 SAMPLED_ROWS = 64

@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as hst
 
-from conformance import strategies as st
-from conformance.harness import clauses, expect, expect_agree, expect_close, expect_equivalent, for_cases, observe, run
-from reference import Case, oracle, visibility
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import clauses, expect, expect_agree, expect_close, expect_equivalent, for_cases, observe, run
+from attnconf.reference import Case, oracle, visibility
 
 
 def _garbage(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:

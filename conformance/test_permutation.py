@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance import strategies as st
-from conformance.harness import clauses, expect_close, for_cases, run
-from reference import Case
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import clauses, expect_close, for_cases, run
+from attnconf.reference import Case
 
 PINNED_Q = [
     st.fixed_case(31, Lq=7, Lk=5, mask=np.random.default_rng(2).random((7, 5)) < 0.7),

@@ -17,11 +17,11 @@ import math
 import numpy as np
 from hypothesis import strategies as hst
 
-import spec
-from conformance import strategies as st
-from conformance.harness import clauses, expect, expect_close, expect_equivalent, for_cases, run
-from conformance.tolerance import judge_output
-from reference import Case, expand_kv, oracle
+from attnconf import spec
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import clauses, expect, expect_close, expect_equivalent, for_cases, run
+from attnconf.conformance.tolerance import judge_output
+from attnconf.reference import Case, expand_kv, oracle
 
 
 

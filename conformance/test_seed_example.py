@@ -4,9 +4,9 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.harness import clauses, expect, judge, run
-from conformance.tolerance import judge_output
-from reference import Case
+from attnconf.conformance.harness import clauses, expect, judge, run
+from attnconf.conformance.tolerance import judge_output
+from attnconf.reference import Case
 
 EXAMPLE = tomllib.loads((Path(__file__).parent.parent / "spec" / "seed_example.toml").read_text())["example"]
 

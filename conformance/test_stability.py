@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance import strategies as st
-from conformance.harness import clauses, expect, expect_close, for_cases, run
-from reference import oracle
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import clauses, expect, expect_close, for_cases, run
+from attnconf.reference import oracle
 
 HARD_REGIMES = ("large", "overflow", "mixed", "near_ties")
 PINS = [st.fixed_case(50, Lq=9, Lk=33, Dk=64, regime="overflow", dtype="float16"),

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from adapters import Adapter
-from conformance import strategies as st
-from conformance.harness import clauses, expect, expect_close, for_cases, run
-from reference import Case, causal_visible, oracle
+from attnconf.adapters import Adapter
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import clauses, expect, expect_close, for_cases, run
+from attnconf.reference import Case, causal_visible, oracle
 
 PINNED = [
     st.fixed_case(11, Lq=5, Lk=7, Dk=8, causal="top_left"),

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import spec
-from reference import Case, oracle, round_to
-from reference.attention import expand_kv
-from reference.backward import group_sum, reduce_to_shape
+from attnconf import spec
+from attnconf.reference import Case, oracle, round_to
+from attnconf.reference.attention import expand_kv
+from attnconf.reference.backward import group_sum, reduce_to_shape
 
 EPS64 = np.finfo(np.float64).eps
 
@@ -46,7 +46,7 @@ class Judgement:
 
 def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
     """The spacing of `dtype` at |x| (one unit in the last place)."""
-    from reference import numpy_dtype
+    from attnconf.reference import numpy_dtype
 
     t = numpy_dtype(dtype)
     with np.errstate(over="ignore"):
@@ -165,7 +165,7 @@ def judge_output(actual: np.ndarray, case: Case) -> Judgement:
     """The forward output under the model that fits the case's dtype."""
     if case.dtype == "float64":
         return judge_float64(actual, case)
-    from reference import baseline_error
+    from attnconf.reference import baseline_error
 
     return judge_arrays(actual, oracle(case).out, baseline_error(case)[0], case.dtype)
 
@@ -192,21 +192,21 @@ def judge_lse(actual: np.ndarray, case: Case) -> Judgement:
         if not j.ok:
             j.reason = f"[ATTN-TOL-4] lse (float64): error {j.e_max:.3g} exceeds the analytic bound (ratio {ratio:.3g})"
         return j
-    from reference import baseline_error
+    from attnconf.reference import baseline_error
 
     return judge_arrays(act_f, ref_f, np.where(empty, 0.0, baseline_error(case)[1]), case.dtype, quantity="lse")
 
 
 def judge_gradients(grads: dict[str, np.ndarray], case: Case) -> list[Judgement]:
     """ATTN-TOL-5 for dq, dk, dv (and dbias) against the analytic float64 backward."""
-    from reference.backward import backward
+    from attnconf.reference.backward import backward
 
     ref = backward(case)
     out = []
     if case.dtype == "float64":
         bounds = _gradient_bounds64(case)
     else:
-        from reference.emulate_backward import gradient_baseline_error
+        from attnconf.reference.emulate_backward import gradient_baseline_error
 
         base_err = gradient_baseline_error(case)
         mags = gradient_magnitudes(case)
@@ -269,7 +269,7 @@ def _judge_grad64(g: np.ndarray, r: np.ndarray, bound: np.ndarray, name: str) ->
 
 def judge_layer(actual: np.ndarray, lc) -> Judgement:
     """ATTN-MHA-1 under the forward model: naive layer at the dtype as yardstick; float64 analytic."""
-    from reference.layer import layer_baseline_error, mha
+    from attnconf.reference.layer import layer_baseline_error, mha
 
     ref = mha(lc)
     if actual.shape != ref.shape:

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from reference import Case
+from attnconf.reference import Case
 
 WITNESSES: dict[str, Callable[[], Case]] = {}
 

@@ -9,6 +9,6 @@ CLI: `python -m reports merge --out DIR RUN.json...` and `python -m reports vali
 
 from __future__ import annotations
 
-from reports.runfile import SCHEMA_VERSION, RunFileError, load, validate, write
+from attnconf.reports.runfile import SCHEMA_VERSION, RunFileError, load, validate, write
 
 __all__ = ["SCHEMA_VERSION", "RunFileError", "load", "validate", "write"]

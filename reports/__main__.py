@@ -10,8 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from reports import certificate, html, markdown, merge
-from reports.runfile import RunFileError, load
+from attnconf.reports import certificate, html, markdown, merge
+from attnconf.reports.runfile import RunFileError, load
 
 
 def _merge(args: argparse.Namespace) -> int:

@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from reports.markdown import md
-from reports.merge import Clause, environment_rows, format_ratio, load_clauses, record_state, worst_ratio
-from reports.runfile import encode
+from attnconf.reports.markdown import md
+from attnconf.reports.merge import Clause, environment_rows, format_ratio, load_clauses, record_state, worst_ratio
+from attnconf.reports.runfile import encode
 
 CERTIFICATE_VERSION = 1
 

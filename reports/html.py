@@ -10,8 +10,8 @@ import html
 import re
 from typing import Any
 
-from reports.merge import ANY_DTYPE, Cell, Report, environment_rows, format_ratio
-from reports.plots import ratio_plots
+from attnconf.reports.merge import ANY_DTYPE, Cell, Report, environment_rows, format_ratio
+from attnconf.reports.plots import ratio_plots
 
 SYMBOLS = {"conformant": "✓", "divergent": "◐", "unsupported": "–", "failing": "✗", None: ""}
 

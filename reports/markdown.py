@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.merge import ANY_DTYPE, FAILING, Report, environment_rows, format_ratio
+from attnconf.reports.merge import ANY_DTYPE, FAILING, Report, environment_rows, format_ratio
 
 SYMBOLS = {
     "conformant": "✅",

@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from reports.runfile import RunFileError
+from attnconf.reports.runfile import RunFileError
 
 SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
 

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 verdict = "unreadable run file"
         summary.append((backend, verdict, code, secs))
     files = sorted(str(p) for p in runs.glob(f"*-{args.device}.json"))
-    merged = subprocess.run([sys.executable, "-m", "reports", "merge", "--out", str(out), *files], cwd=ROOT)
+    merged = subprocess.run([sys.executable, "-m", "attnconf.reports", "merge", "--out", str(out), *files], cwd=ROOT)
     print("\nbackend      verdict                          exit   seconds")
     for backend, verdict, code, secs in summary:
         print(f"{backend:<12} {verdict:<32} {code:>4} {secs:>9.1f}")

@@ -7,11 +7,11 @@ import pytest
 jax = pytest.importorskip("jax")
 pytest.importorskip("flax")
 
-import adapters  # noqa: E402
-from adapters.jax import XlaAdapter, check_kernel_signature, kernel_adapter  # noqa: E402
-from adapters.jax_translate import translate  # noqa: E402
-from reference import Case, oracle  # noqa: E402
-from reference.backward import backward  # noqa: E402
+from attnconf import adapters  # noqa: E402
+from attnconf.adapters.jax import XlaAdapter, check_kernel_signature, kernel_adapter  # noqa: E402
+from attnconf.adapters.jax_translate import translate  # noqa: E402
+from attnconf.reference import Case, oracle  # noqa: E402
+from attnconf.reference.backward import backward  # noqa: E402
 
 RNG = np.random.default_rng(7)
 
@@ -126,8 +126,8 @@ def test_implementations_on_cpu():
 
 
 def test_flax_layer_matches_reference_mha():
-    layer = pytest.importorskip("reference.layer")
-    from adapters.jax_layer import FlaxMhaAdapter
+    layer = pytest.importorskip("attnconf.reference.layer")
+    from attnconf.adapters.jax_layer import FlaxMhaAdapter
 
     B, Lq, Lk, E, H = 2, 5, 6, 12, 3
     r = lambda *s: RNG.standard_normal(s) * 0.5  # noqa: E731
@@ -157,7 +157,7 @@ def test_kernel_wrapper_with_jax_itself():
 
 
 def test_kernel_wrapper_rejects_bad_returns():
-    from adapters.base import KernelError
+    from attnconf.adapters.base import KernelError
 
     ad = kernel_adapter(lambda q, k, v, bias=None, mask=None, **kw: np.zeros(3), "cpu", "jax:kernel:bad")
     q, k, v = qkv()

@@ -11,13 +11,13 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-import adapters  # noqa: E402
-from adapters import KernelError  # noqa: E402
-from adapters import tensorflow as tfa  # noqa: E402
-from conformance.tolerance import judge_output  # noqa: E402
-from reference import Case, oracle, visibility  # noqa: E402
-from reference.backward import backward  # noqa: E402
-from reference.layer import LayerCase, mha  # noqa: E402
+from attnconf import adapters  # noqa: E402
+from attnconf.adapters import KernelError  # noqa: E402
+from attnconf.adapters import tensorflow as tfa  # noqa: E402
+from attnconf.conformance.tolerance import judge_output  # noqa: E402
+from attnconf.reference import Case, oracle, visibility  # noqa: E402
+from attnconf.reference.backward import backward  # noqa: E402
+from attnconf.reference.layer import LayerCase, mha  # noqa: E402
 
 RNG = np.random.default_rng(2024)
 

@@ -7,9 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import adapters  # noqa: E402
-from conformance import tolerance as T  # noqa: E402
-from reference import Case  # noqa: E402
+from attnconf import adapters  # noqa: E402
+from attnconf.conformance import tolerance as T  # noqa: E402
+from attnconf.reference import Case  # noqa: E402
 
 
 def _case(seed=0, B=2, H=2, Hkv=None, Lq=5, Lk=7, D=8, **kw) -> Case:
@@ -106,7 +106,7 @@ def plain_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
 
 
 def test_kernel_adapter_wraps_plain_function():
-    from adapters.torch import kernel_adapter
+    from attnconf.adapters.torch import kernel_adapter
 
     a = kernel_adapter(plain_sdpa, "cpu", "torch:kernel:plain_sdpa")
     case = _case(dtype="float16", causal="bottom_right", H=4, Hkv=2)
@@ -116,7 +116,7 @@ def test_kernel_adapter_wraps_plain_function():
 
 
 def test_mha_layer_matches_reference():
-    layer = pytest.importorskip("reference.layer")
+    layer = pytest.importorskip("attnconf.reference.layer")
     a = next(x for x in adapters.load("torch") if x.kind == "layer")
     rng = np.random.default_rng(3)
     for kw in (dict(mask="random"), dict(causal="top_left")):

@@ -19,9 +19,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                 reason="the bug catalogue is written in torch, which is not installed")
 
 if importlib.util.find_spec("torch") is not None:
-    import adapters
+    from attnconf import adapters
     from bench.runner import run_suite
-    from reference import Case, naive_forward, oracle
+    from attnconf.reference import Case, naive_forward, oracle
     from tests.kernels import buggy
 
     BUGS = sorted(buggy.BUGS)

@@ -11,10 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from adapters import UsageError
-from adapters.base import KernelError
-from adapters.isolated import IsolatedAdapter, KernelCrashed
-from reference import Case
+from attnconf.adapters import UsageError
+from attnconf.adapters.base import KernelError
+from attnconf.adapters.isolated import IsolatedAdapter, KernelCrashed
+from attnconf.reference import Case
 from tests.kernels import hostile
 
 TIMEOUT_S = 3.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reference import Case, backward, backward_arrays, forward
+from attnconf.reference import Case, backward, backward_arrays, forward
 
 H = 1e-6
 

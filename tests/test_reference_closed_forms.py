@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reference import Case, forward, oracle
+from attnconf.reference import Case, forward, oracle
 
 
 def _rng(seed=0):

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from reference import Case, backward, naive_backward, numpy_dtype
+from attnconf.reference import Case, backward, naive_backward, numpy_dtype
 
 
 def _eps(dtype: str) -> float:

@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from reference import CaseError, LayerCase, mha, naive_mha, numpy_dtype, random_layer_case
+from attnconf.reference import CaseError, LayerCase, mha, naive_mha, numpy_dtype, random_layer_case
 
 
 def loop_mha(lc: LayerCase) -> np.ndarray:

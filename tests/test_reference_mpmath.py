@@ -13,7 +13,7 @@ import mpmath
 import numpy as np
 import pytest
 
-from reference import Case, naive_forward, numpy_dtype, oracle
+from attnconf.reference import Case, naive_forward, numpy_dtype, oracle
 
 mpmath.mp.dps = 50
 

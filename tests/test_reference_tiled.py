@@ -7,7 +7,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from reference import forward, tiled_forward
+from attnconf.reference import forward, tiled_forward
 
 
 def _qkv(seed, B, Hq, Hkv, Lq, Lk, Dk, Dv):

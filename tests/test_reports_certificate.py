@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from reports import certificate, merge, runfile
+from attnconf.reports import certificate, merge, runfile
 from tests.test_reports_fixtures import FIXTURES, jax_cpu
 
 

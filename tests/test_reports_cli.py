@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from reports.__main__ import main
+from attnconf.reports.__main__ import main
 from tests.test_reports_fixtures import FIXTURES, GOOD
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ def test_merge_refuses_bad_files(tmp_path: Path, capsys) -> None:
 
 def test_validate_subprocess_exit_codes() -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "reports", *args], cwd=ROOT, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "attnconf.reports", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=60)
 
     ok = run("validate", str(FIXTURES / "numpy-cpu.json"))

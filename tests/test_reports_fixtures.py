@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from reports import runfile  # noqa: E402
+from attnconf.reports import runfile  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "runs"
 XSS = "<script>alert(1)</script>"

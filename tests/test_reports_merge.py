@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from reports import merge, runfile
-from reports.merge import Column, ImplKey
+from attnconf.reports import merge, runfile
+from attnconf.reports.merge import Column, ImplKey
 from tests.test_reports_fixtures import FIXTURES, GOOD, b64, numpy_cpu, torch_cpu
 
 

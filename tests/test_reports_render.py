@@ -7,8 +7,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from reports import html as html_report
-from reports import markdown, merge, runfile
+from attnconf.reports import html as html_report
+from attnconf.reports import markdown, merge, runfile
 from tests.test_reports_fixtures import FIXTURES, GOOD, XSS
 
 ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "nav", "a", "table",
@@ -99,7 +99,7 @@ def test_markdown_escapes_run_file_text(report: merge.Report) -> None:
 
 
 def test_plots_accept_mathtext_and_nonfinite() -> None:
-    from reports.plots import ratio_plots
+    from attnconf.reports.plots import ratio_plots
 
     samples = [{"dtype": "float32", "Lk": 8, "Dk": 16, "ratio_max": r, "impl": "$x^2$ (cpu)"}
                for r in (0.5, float("nan"), float("inf"))]

@@ -10,7 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from reports import runfile
+from attnconf.reports import runfile
 from tests.test_reports_fixtures import FIXTURES, GOOD, torch_cpu
 
 

@@ -48,6 +48,6 @@ def test_actionlint_catches_mistakes(tmp_path: Path) -> None:
 def test_workflow_promises() -> None:
     text = WORKFLOW.read_text(encoding="utf-8")
     for needle in ("backend: [numpy, torch, jax, tensorflow]", "workflow_call:", "kernel:", "python-path:",
-                   "python -m reports merge --out site", "GITHUB_STEP_SUMMARY", "--hypothesis-profile=ci",
+                   "python -m attnconf.reports merge --out site", "GITHUB_STEP_SUMMARY", "--hypothesis-profile=ci",
                    '"self-hosted", "gpu"', "attnconf-certificate", "make setup"):
         assert needle in text, needle

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reference.attention import forward
+from attnconf.reference.attention import forward
 
 SPEC = Path(__file__).resolve().parents[1] / "spec"
 HALF_ULP_3 = 5e-4   # half a unit in the 3rd decimal: "rounds to the printed figure"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import spec
-from conformance.divergences import Divergences
+from attnconf import spec
+from attnconf.conformance.divergences import Divergences
 
 ROOT = Path(__file__).resolve().parent.parent
 CITE = re.compile(r"clauses\(([^)]*)\)")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-import adapters
+from attnconf import adapters
 
 ROOT = Path(__file__).resolve().parent.parent
 

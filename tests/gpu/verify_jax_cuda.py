@@ -31,8 +31,8 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 
-from reference import Case, causal_visible, naive_forward, oracle, round_to  # noqa: E402
-from reference.attention import expand_kv  # noqa: E402
+from attnconf.reference import Case, causal_visible, naive_forward, oracle, round_to  # noqa: E402
+from attnconf.reference.attention import expand_kv  # noqa: E402
 
 MARK = "__cudnn$fmha"
 DEADLINE = time.time() + float(os.environ.get("VERIFY_BUDGET_S", "300"))
@@ -273,8 +273,8 @@ def probes(platform: str) -> list[dict]:
 
 
 def grad_probe(case: Case, impl: str) -> dict:
-    from reference.backward import backward
-    from reference.emulate_backward import naive_backward
+    from attnconf.reference.backward import backward
+    from attnconf.reference.emulate_backward import naive_backward
 
     rec = {"impl": impl, "kind": "grads", "dtype": case.dtype, "mask": case.mask_kind()}
     args, st = jax_args(case, full_bias=impl == "cudnn")

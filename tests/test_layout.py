@@ -1,0 +1,29 @@
+"""The package layout: every module imports attnconf's subpackages by their `attnconf.` name.
+
+In a checkout the repository root is on sys.path, so `import reference` would still work and
+would load a second copy of the module next to `attnconf.reference` (two `Case` classes, two
+plugin states). Only `attnconf.*` names exist in an installed wheel, so this test keeps the
+checkout honest.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SUBPACKAGES = {"spec", "adapters", "reference", "conformance", "reports"}
+SOURCES = [p for d in (*SUBPACKAGES, "attnconf", "tests", "bench") for p in (ROOT / d).rglob("*.py")]
+
+
+def test_no_top_level_subpackage_imports() -> None:
+    offenders = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}"
+                          for n in names if n.split(".")[0] in SUBPACKAGES]
+    assert not offenders, "\n".join(offenders)
