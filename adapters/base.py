@@ -35,6 +35,11 @@ CAPABILITIES = frozenset({
     "dropout",
     "noncontiguous",
     "broadcast_kv",
+    "window_top_left",     # sliding window (ATTN-WIN-*), aligned top-left
+    "window_bottom_right",  # sliding window aligned bottom-right (flash-attention's)
+    "softcap",         # logit soft-capping (ATTN-CAP-*)
+    "alibi",           # ALiBi slopes (ATTN-ALIBI-*)
+    "sinks",           # per-head attention-sink logits (ATTN-SINK-*)
 })
 
 
@@ -90,34 +95,8 @@ class Adapter:
 
     @staticmethod
     def requirements(case: Case) -> set[str]:
-        """The capabilities a case needs."""
-        s = case.shape
-        need = set()
-        if case.mask is not None:
-            need.add("mask")
-        if case.bias is not None:
-            need.add("bias")
-        if case.causal is not None:
-            need.add("causal_" + case.causal)
-            if case.mask is not None or case.bias is not None:
-                need.add("mask_with_causal")
-        if case.q_lengths is not None:
-            need.add("q_lengths")
-        if case.kv_lengths is not None:
-            need.add("kv_lengths")
-        if s["Hkv"] != s["Hq"]:
-            need.add("gqa")
-        if case.scale is not None:
-            need.add("custom_scale")
-        if s["Dv"] != s["Dk"]:
-            need.add("dv_ne_dk")
-        if s["Lq"] != s["Lk"]:
-            need.add("cross")
-        if case.dropout_p:
-            need.add("dropout")
-        if case.layout != "contiguous":
-            need.add(case.layout)
-        return need
+        """The capabilities a case needs (the features it exercises)."""
+        return case.features()
 
     # -- running ----------------------------------------------------------
     def run(self, case: Case, *, grads: bool = False) -> Result:

@@ -61,17 +61,20 @@ def reduce_to_shape(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def backward_arrays(q, k, v, dout, *, mask=None, bias=None, causal=None, scale=None,
-                    q_lengths=None, kv_lengths=None, fwd=None) -> Grads:
+                    q_lengths=None, kv_lengths=None, fwd=None, softcap=None, **variants) -> Grads:
     """Gradients of sum(dout * attention(q, k, v, ...)) in float64.
 
-    `fwd` may pass an already computed `forward(...)` of the same inputs.
+    `fwd` may pass an already computed `forward(...)` of the same inputs. `variants` are the other
+    keywords of `forward` (window, alibi_slopes, sinks, ...): they change P, which `fwd` carries,
+    not the formulas. A softcap multiplies dS by its derivative 1 - tanh^2(x / c) before it reaches
+    Q and K (the bias is added after the cap, so dBias is dS itself).
     """
     q, k, v, dout = (np.asarray(a, dtype=np.float64) for a in (q, k, v, dout))
     Hq, Hkv = q.shape[1], k.shape[1]
     s = 1.0 / np.sqrt(q.shape[3]) if scale is None else float(scale)
     if fwd is None:
         fwd = forward(q, k, v, mask=mask, bias=bias, causal=causal, scale=scale,
-                      q_lengths=q_lengths, kv_lengths=kv_lengths)
+                      q_lengths=q_lengths, kv_lengths=kv_lengths, softcap=softcap, **variants)
     p, vis = fwd.weights, fwd.visible
     ke, ve = expand_kv(k, Hq), expand_kv(v, Hq)
     with np.errstate(all="ignore"):
@@ -83,8 +86,12 @@ def backward_arrays(q, k, v, dout, *, mask=None, bias=None, causal=None, scale=N
             dp = np.where(vbad.any(axis=-1)[..., None, :], np.nan, dp)
         d = (dout * fwd.out).sum(axis=-1, keepdims=True)
         ds = np.where(vis, p * (dp - d), 0.0)
-        dq = s * _pair_matmul(ds, ke, vis)
-        dk_full = s * _pair_matmul(np.swapaxes(ds, -1, -2), q, np.swapaxes(vis, -1, -2))
+        dx = ds
+        if softcap is not None:
+            raw = s * np.einsum("bhid,bhjd->bhij", q, ke, optimize=True)
+            dx = np.where(vis, ds * (1.0 - np.tanh(raw / softcap) ** 2), 0.0)
+        dq = s * _pair_matmul(dx, ke, vis)
+        dk_full = s * _pair_matmul(np.swapaxes(dx, -1, -2), q, np.swapaxes(vis, -1, -2))
         dv_full = _pair_matmul(np.swapaxes(p, -1, -2), dout, np.swapaxes(vis, -1, -2))
     dbias = None if bias is None else reduce_to_shape(ds, np.shape(bias))
     return Grads(dq, group_sum(dk_full, Hkv), group_sum(dv_full, Hkv), dbias)

@@ -19,8 +19,9 @@ import numpy as np
 
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 CAUSAL = (None, "top_left", "bottom_right")
+ALIGNMENTS = ("top_left", "bottom_right")
 LAYOUTS = ("contiguous", "noncontiguous", "broadcast_kv")
-_ARRAYS = ("q", "k", "v", "mask", "bias", "q_lengths", "kv_lengths", "grad_out")
+_ARRAYS = ("q", "k", "v", "mask", "bias", "q_lengths", "kv_lengths", "grad_out", "alibi_slopes", "sinks")
 
 
 def numpy_dtype(dtype: str) -> np.dtype:
@@ -66,6 +67,15 @@ class Case:
     layout: str = "contiguous"
     grad_out: np.ndarray | None = None
     regime: str = "ordinary"
+    # Variants modern kernels implement (ATTN-WIN-*, ATTN-CAP-*, ATTN-ALIBI-*, ATTN-SINK-*):
+    window: tuple[int, int] | None = None     # (left, right) keys around the aligned diagonal; -1 = unbounded
+    window_align: str = "bottom_right"        # where the diagonal of `window` and of ALiBi distances sits
+    softcap: float | None = None              # logits -> softcap * tanh(logits / softcap), before bias and masks
+    alibi_slopes: np.ndarray | None = None    # (Hq,) or (B, Hq): adds -slope * |i + offset - j|
+    sinks: np.ndarray | None = None           # (Hq,): a per-head logit that joins every row's softmax denominator
+    # How a calling convention lays the same problem out (page size, block order, appended keys, ...):
+    # it never changes the mathematics, only the representation a convention passes to a kernel.
+    packing: dict = field(default_factory=dict)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ---- construction -------------------------------------------------
@@ -75,7 +85,7 @@ class Case:
         dtype = params.get("dtype", "float64")
         numpy_dtype(dtype)
         arrays = {"q": q, "k": k, "v": v}
-        for name in ("bias", "grad_out"):
+        for name in ("bias", "grad_out", "alibi_slopes", "sinks"):
             if params.get(name) is not None:
                 arrays[name] = params[name]
         for name, arr in arrays.items():
@@ -85,6 +95,11 @@ class Case:
         for name in ("q_lengths", "kv_lengths"):
             if params.get(name) is not None:
                 params[name] = np.asarray(params[name], dtype=np.int64)
+        if params.get("window") is not None:
+            params["window"] = tuple(int(w) for w in params["window"])
+        if params.get("softcap") is not None:
+            params["softcap"] = float(params["softcap"])
+        params["packing"] = dict(params.get("packing") or {})
         case = cls(**params)
         case.validate()
         return case
@@ -135,6 +150,16 @@ class Case:
             raise CaseError(f"dropout_p must be in [0, 1); got {self.dropout_p}")
         if self.grad_out is not None and self.grad_out.shape != (B, Hq, Lq, v.shape[3]):
             raise CaseError(f"grad_out shape {self.grad_out.shape} != output shape {(B, Hq, Lq, v.shape[3])}")
+        if self.window is not None and (len(self.window) != 2 or min(self.window) < -1):
+            raise CaseError(f"window must be (left, right) with each >= 0 or -1 (unbounded); got {self.window}")
+        if self.window_align not in ALIGNMENTS:
+            raise CaseError(f"window_align must be one of {ALIGNMENTS}; got {self.window_align!r}")
+        if self.softcap is not None and not (np.isfinite(self.softcap) and self.softcap > 0):
+            raise CaseError(f"softcap must be a finite number > 0; got {self.softcap}")
+        if self.alibi_slopes is not None and self.alibi_slopes.shape not in ((Hq,), (B, Hq)):
+            raise CaseError(f"alibi_slopes must have shape ({Hq},) or ({B}, {Hq}); got {self.alibi_slopes.shape}")
+        if self.sinks is not None and (self.sinks.shape != (Hq,) or not np.isfinite(self.sinks).all()):
+            raise CaseError(f"sinks must be {Hq} finite logits, one per query head; got shape {self.sinks.shape}")
 
     # ---- derived quantities -------------------------------------------
     @property
@@ -163,7 +188,31 @@ class Case:
             parts.append(f"kv_len={self.kv_lengths.tolist()}")
         if self.q_lengths is not None:
             parts.append(f"q_len={self.q_lengths.tolist()}")
+        if self.window is not None:
+            parts.append(f"window={list(self.window)}@{self.window_align}")
         return "+".join(parts) or "none"
+
+    def features(self) -> set[str]:
+        """The spec features this case exercises beyond plain attention (scope names, see adapters.base)."""
+        s = self.shape
+        f = set()
+        for name, on in (("mask", self.mask is not None), ("bias", self.bias is not None),
+                         ("q_lengths", self.q_lengths is not None), ("kv_lengths", self.kv_lengths is not None),
+                         ("gqa", s["Hkv"] != s["Hq"]), ("custom_scale", self.scale is not None),
+                         ("dv_ne_dk", s["Dv"] != s["Dk"]), ("cross", s["Lq"] != s["Lk"]),
+                         ("dropout", bool(self.dropout_p)), ("softcap", self.softcap is not None),
+                         ("alibi", self.alibi_slopes is not None), ("sinks", self.sinks is not None)):
+            if on:
+                f.add(name)
+        if self.causal is not None:
+            f.add("causal_" + self.causal)
+            if self.mask is not None or self.bias is not None:
+                f.add("mask_with_causal")
+        if self.window is not None:
+            f.add("window_" + self.window_align)
+        if self.layout != "contiguous":
+            f.add(self.layout)
+        return f
 
     def summary(self) -> str:
         """One line: shapes, dtype, masks, scale, regime and seed."""
@@ -172,6 +221,10 @@ class Case:
         extra = f" scale={self.scale:g}" if self.scale is not None else ""
         extra += f" dropout={self.dropout_p:g}" if self.dropout_p else ""
         extra += f" layout={self.layout}" if self.layout != "contiguous" else ""
+        extra += f" softcap={self.softcap:g}" if self.softcap is not None else ""
+        extra += " alibi" if self.alibi_slopes is not None else ""
+        extra += " sinks" if self.sinks is not None else ""
+        extra += "".join(f" {k}={v}" for k, v in sorted(self.packing.items()))
         return (f"B={s['B']} Hq={s['Hq']}{gqa} Lq={s['Lq']} Lk={s['Lk']} Dk={s['Dk']} Dv={s['Dv']} "
                 f"{self.dtype} mask={self.mask_kind()}{extra} regime={self.regime} seed={self.seed}")
 
@@ -179,7 +232,9 @@ class Case:
         """JSON-ready parameters (no arrays) for records and reports."""
         d = dict(self.shape)
         d.update(dtype=self.dtype, mask=self.mask_kind(), causal=self.causal, scale=self.scale,
-                 dropout_p=self.dropout_p, layout=self.layout, regime=self.regime, seed=self.seed)
+                 dropout_p=self.dropout_p, layout=self.layout, regime=self.regime, seed=self.seed,
+                 window=list(self.window) if self.window else None, softcap=self.softcap,
+                 alibi=self.alibi_slopes is not None, sinks=self.sinks is not None, packing=dict(self.packing))
         return d
 
     def digest(self) -> str:
@@ -195,8 +250,16 @@ class Case:
         return h.hexdigest()[:16]
 
     def _params(self) -> dict[str, Any]:
-        return {"causal": self.causal, "scale": self.scale, "dtype": self.dtype, "dropout_p": self.dropout_p,
-                "seed": self.seed, "layout": self.layout, "regime": self.regime}
+        p = {"causal": self.causal, "scale": self.scale, "dtype": self.dtype, "dropout_p": self.dropout_p,
+             "seed": self.seed, "layout": self.layout, "regime": self.regime}
+        # written only when used, so cases saved before these fields existed keep their digests
+        if self.window is not None:
+            p.update(window=list(self.window), window_align=self.window_align)
+        if self.softcap is not None:
+            p["softcap"] = self.softcap
+        if self.packing:
+            p["packing"] = dict(self.packing)
+        return p
 
     # ---- persistence (plain .npz, loadable without attnconf) -----------
     def save(self, path: str | Path) -> Path:
