@@ -2,7 +2,7 @@
 #   make report   conformance of every installed backend on this CPU; writes reports/
 #   make test     the project's own tests, then the suite for every backend
 PY      := .venv/bin/python
-PIP     := .venv/bin/pip
+PIP     := $(PY) -m pip
 STAMP   := .venv/.attnconf-setup-1
 export OPENBLAS_NUM_THREADS ?= 1
 export PYTHONDONTWRITEBYTECODE = 1
