@@ -70,10 +70,18 @@ def resolve_kernel(spec: str, check=check_sdpa_signature):
 
 
 def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
-         impl: str | None = None, options: dict[str, Any] | None = None) -> list[Adapter]:
-    """The adapters to test for this invocation (raises UsageError on any mistake)."""
+         impl: str | None = None, options: dict[str, Any] | None = None,
+         convention: str | None = None, capabilities: str | None = None) -> list[Adapter]:
+    """The adapters to test for this invocation (raises UsageError on any mistake).
+
+    `convention` names how a --kernel is called; `capabilities` is a TOML file declaring its scope.
+    """
     module = backend_module(backend)
     options = options or {}
+    if (convention or capabilities) and kernel is None:
+        raise UsageError("--convention and --capabilities describe a --kernel; give --kernel=MODULE:ATTR too")
+    if convention not in (None, "sdpa", "jax"):
+        raise UsageError(f"unknown --convention {convention!r}")
     if device not in module.DEVICES:
         raise UsageError(f"unknown device {device!r} for backend {backend!r}; choose from {', '.join(module.DEVICES)}")
     if kernel is not None:

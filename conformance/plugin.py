@@ -52,6 +52,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--impl", default=None, help="comma-separated implementations of the backend (default: all on the device)")
     g.addoption("--device", default="cpu", help="cpu, cuda (torch) or gpu (jax, tensorflow)")
     g.addoption("--kernel", default=None, help="MODULE:ATTR: a third-party kernel in the backend's calling convention")
+    g.addoption("--convention", default=None,
+                help="how --kernel is called: sdpa (torch, numpy default), jax (jax default), flash_attn, "
+                     "flash_attn_varlen, flash_attn_kvcache, flashinfer_prefill, flashinfer_decode")
+    g.addoption("--capabilities", default=None,
+                help="FILE.toml: the kernel's declared scope (as its attnconf_capabilities attribute would say)")
     g.addoption("--report", default=None, help="write the run's JSON record to PATH")
     g.addoption("--failures-dir", default=None, help="where failing cases are saved as .npz (default: beside the report, else reports/failures)")
     g.addoption("--replay", default=None, help="run the given tests on one saved case (.npz) instead of generated ones")
@@ -76,7 +81,9 @@ def pytest_configure(config: pytest.Config) -> None:
     options = {"allow_tf32": config.getoption("--allow-tf32")}
     try:
         impls = adapters.load(backend, device=config.getoption("--device"), kernel=config.getoption("--kernel"),
-                              impl=config.getoption("--impl"), options=options)
+                              impl=config.getoption("--impl"), options=options,
+                              convention=config.getoption("--convention"),
+                              capabilities=config.getoption("--capabilities"))
     except adapters.UsageError as exc:
         _usage(str(exc))
     if config.getoption("--isolate"):
