@@ -14,7 +14,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 DIVERGENCE_FIELDS = {"id": str, "clause": str, "kind": str, "implementations": list, "region": str,
                      "reason": str, "witness": str}
-DIVERGENCE_OPTIONAL = {"dtypes": list, "devices": list, "versions": str, "link": str, "scope": str}
+DIVERGENCE_OPTIONAL = {"dtypes": list, "devices": list, "versions": str, "link": str, "scope": str,
+                       "instead": str, "quantities": list, "bound": float, "value": float, "when": dict,
+                       "measured": str}
 DIVERGENCE_SCOPES = ("all", "forward", "gradients")
 DIVERGENCE_KINDS = ("unsupported", "divergent", "bug")
 
