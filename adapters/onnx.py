@@ -1,0 +1,298 @@
+"""The `onnx` backend: ONNX attention operators run by ONNX Runtime (CPU) and by onnx's reference evaluator.
+
+Implementations (each its own adapter, so a result names the kernel that produced it):
+
+- `onnx:ort-attention`: the standard `Attention` operator (opset 23; 24 when `nonpad_kv_seqlen`
+  is used; 25 when a window is) on ONNX Runtime's CPU execution provider;
+- `onnx:ort-gqa`: `com.microsoft.GroupQueryAttention`, ONNX Runtime's LLM-inference kernel, with
+  its default dispatch (its tiled "flash" path where it applies: no attention_bias, softcap or
+  head_sink);
+- `onnx:ort-gqa-unfused`: the same operator with `ORT_GQA_DISABLE_FLASH_ATTENTION=1` set while
+  its sessions are built (the kernel reads it once, in its constructor), which forces the
+  materialising path;
+- `onnx:ort-mha`: `com.microsoft.MultiHeadAttention` (float32 only on CPU);
+- `onnx:reference`: `onnx.reference.ReferenceEvaluator` running the same `Attention` graph.
+
+How a Case becomes each node is in `adapters/onnx_graphs.py`. Each adapter builds one graph per
+signature (operator, opset, element types, optional inputs present, attribute values) with
+symbolic shapes and caches the session: `describe()` reports how many were built, how many calls
+reused one and how long building took. Sessions run single-threaded (`intra_op_num_threads=1`):
+the suite's cases are small, and the machine is shared.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+from typing import Any, Iterator, Literal
+
+import numpy as np
+
+import onnx
+
+from attnconf.reference import Case
+
+from .base import Adapter, KernelError, NotSupported, Result
+from .onnx_graphs import (ELEM, GraphCache, Inexpressible, OpCall, attention_call, from_bsd, gqa_call, mha_call,
+                          np_array, to_bsd)
+
+FRAMEWORK = "onnx"
+INSTALL_HINT = "pip install onnx onnxruntime"
+DEVICES = ("cpu",)
+
+ORT_AVAILABLE = importlib.util.find_spec("onnxruntime") is not None
+
+_STANDARD = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "q_lengths", "kv_lengths", "gqa",
+                       "custom_scale", "dv_ne_dk", "cross", "mask_with_causal", "window_top_left",
+                       "window_bottom_right", "softcap"})
+
+
+def _one_line(exc: BaseException) -> str:
+    """The informative line of an onnxruntime / onnx error."""
+    text = str(exc).strip()
+    m = re.search(r"Status Message: (.*)", text)
+    if m:
+        text = m.group(1)
+    else:
+        text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ", "", text)
+    m = re.search(r" was false\. (.*)", text)        # ORT_ENFORCE: keep the message, drop the C++ signature
+    if m:
+        text = m.group(1)
+    text = re.sub(r"^Exception during initialization: ", "", text)
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of a session build, then restore them."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class OnnxAdapter(Adapter):
+    """What the ONNX implementations share: a Case -> OpCall mapping, a graph cache, conversion back."""
+
+    backend = "onnx"
+    kind = "sdpa"
+    devices = ("cpu",)
+    runtime = ""
+
+    def __init__(self, device: str = "cpu"):
+        super().__init__(device)
+        self.cache = GraphCache()
+
+    # -- to be provided by subclasses -------------------------------------
+    def call_for(self, case: Case) -> OpCall:
+        raise NotImplementedError
+
+    def build(self, call: OpCall) -> Any:
+        raise NotImplementedError
+
+    def execute(self, obj: Any, call: OpCall) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def kernel_name(self, call: OpCall) -> str:
+        dom = f"{call.domain}." if call.domain else ""
+        return f"{dom}{call.op} (opset {call.opset}) on {self.runtime}"
+
+    # -- the Adapter interface ---------------------------------------------
+    def extra_support(self, case: Case) -> Literal[True] | str:
+        try:
+            self.call_for(case)
+        except Inexpressible as exc:
+            return f"{self.name}: {exc}"
+        return True
+
+    def run(self, case: Case, *, grads: bool = False) -> Result:
+        if grads:
+            raise NotSupported(f"{self.name} has no backward pass (an inference runtime)")
+        try:
+            call = self.call_for(case)
+        except Inexpressible as exc:
+            raise NotSupported(f"{self.name}: {exc}") from None
+        outs = self._run_call(call)
+        y = outs[0]
+        out = np.asarray(call.unpack(np.asarray(y)), dtype=np.float64)
+        res = Result(out=out, out_dtype=_dtype_name(y), kernel=self.kernel_name(call),
+                     notes={"folds": call.notes} if call.notes else {})
+        if len(outs) > 1 and call.outputs[-1][0] == "qk_matmul_output":
+            res.weights = np.asarray(outs[-1], dtype=np.float64)
+        return res
+
+    def _run_call(self, call: OpCall) -> list[np.ndarray]:
+        try:
+            obj = self.cache.get(call.signature(), lambda: self.build(call))
+        except Exception as exc:
+            raise KernelError(f"{self.name} could not build the {call.op} graph: {_one_line(exc)}") from exc
+        try:
+            return self.execute(obj, call)
+        except Exception as exc:
+            raise KernelError(f"{self.name} raised {type(exc).__name__}: {_one_line(exc)}") from exc
+
+    def describe(self) -> dict[str, Any]:
+        d = {**super().describe(), "framework": "onnx", "onnx": onnx.__version__, "runtime": self.runtime,
+             **self.cache.stats()}
+        if ORT_AVAILABLE:
+            import onnxruntime  # noqa: PLC0415
+
+            d["onnxruntime"] = onnxruntime.__version__
+        return d
+
+
+# ---- ONNX Runtime ---------------------------------------------------------
+class OrtAdapter(OnnxAdapter):
+    """An operator on ONNX Runtime's CPU execution provider."""
+
+    runtime = "onnxruntime CPUExecutionProvider"
+    environment: dict[str, str] = {}
+
+    def build(self, call: OpCall) -> Any:
+        import onnxruntime as ort  # noqa: PLC0415
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 4   # errors come back as exceptions; do not also print them to stderr
+        with _environment(self.environment):
+            return ort.InferenceSession(call.model().SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+    def execute(self, sess: Any, call: OpCall) -> list[np.ndarray]:
+        names = [n for n, _ in call.outputs if n]
+        return sess.run(names, {k: v for k, v in call.feeds.items()})
+
+    def describe(self) -> dict[str, Any]:
+        import onnxruntime as ort  # noqa: PLC0415
+
+        return {**super().describe(), "providers": ["CPUExecutionProvider"], "intra_op_num_threads": 1,
+                "graph_optimization_level": "ORT_ENABLE_ALL (default)",
+                "session_environment": dict(self.environment), "ort_build": ort.get_build_info()}
+
+
+class OrtAttentionAdapter(OrtAdapter):
+    name = "onnx:ort-attention"
+    dtypes = ("float32", "float16")     # the CPU kernel is registered for float and MLFloat16 only
+    capabilities = _STANDARD
+
+    def call_for(self, case: Case) -> OpCall:
+        return attention_call(case)
+
+    def run_raw(self, q, k, v, dtype):
+        return self._run_call(_raw_attention(q, k, v, dtype))[0]
+
+
+class OrtGqaAdapter(OrtAdapter):
+    name = "onnx:ort-gqa"
+    dtypes = ("float32", "float16")
+    capabilities = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "kv_lengths", "gqa",
+                              "custom_scale", "cross", "mask_with_causal", "window_top_left", "window_bottom_right",
+                              "softcap", "sinks"})
+
+    def call_for(self, case: Case) -> OpCall:
+        return gqa_call(case)
+
+    def kernel_name(self, call: OpCall) -> str:
+        flash_eligible = ("attention_bias" not in call.feeds and "softcap" not in call.attrs
+                          and "head_sink" not in call.feeds and int(call.feeds["total_sequence_length"]) > 1)
+        path = "unfused" if self.environment or not flash_eligible else "flash (default dispatch)"
+        return f"{super().kernel_name(call)}, {path} path"
+
+    def run_raw(self, q, k, v, dtype):
+        q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+        feeds = {"query": np_array(to_bsd(q), dtype), "key": np_array(to_bsd(k), dtype),
+                 "value": np_array(to_bsd(v), dtype),
+                 "seqlens_k": np.full(k.shape[0], k.shape[2] - 1, np.int32),
+                 "total_sequence_length": np.array(k.shape[2], np.int32)}
+        call = OpCall("GroupQueryAttention", "com.microsoft", 21,
+                      [("query", dtype), ("key", dtype), ("value", dtype), ("", None), ("", None),
+                       ("seqlens_k", "int32"), ("total_sequence_length", "int32")],
+                      feeds, {"num_heads": q.shape[1], "kv_num_heads": k.shape[1]}, [("output", dtype)],
+                      unpack=lambda y: y)
+        return from_bsd(self._run_call(call)[0], q.shape[1])
+
+
+class OrtGqaUnfusedAdapter(OrtGqaAdapter):
+    name = "onnx:ort-gqa-unfused"
+    environment = {"ORT_GQA_DISABLE_FLASH_ATTENTION": "1"}
+
+
+class OrtMhaAdapter(OrtAdapter):
+    name = "onnx:ort-mha"
+    dtypes = ("float32",)               # the CPU kernel is registered for float only
+    capabilities = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "q_lengths", "kv_lengths",
+                              "custom_scale", "dv_ne_dk", "cross", "mask_with_causal"})
+
+    def call_for(self, case: Case) -> OpCall:
+        return mha_call(case)
+
+    def run_raw(self, q, k, v, dtype):
+        q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+        feeds = {"query": np_array(to_bsd(q), dtype), "key": np_array(to_bsd(k), dtype),
+                 "value": np_array(to_bsd(v), dtype)}
+        call = OpCall("MultiHeadAttention", "com.microsoft", 21, [("query", dtype), ("key", dtype), ("value", dtype)],
+                      feeds, {"num_heads": q.shape[1]}, [("output", dtype)], unpack=lambda y: y)
+        return from_bsd(self._run_call(call)[0], q.shape[1])
+
+
+# ---- onnx's reference evaluator --------------------------------------------
+class ReferenceEvaluatorAdapter(OnnxAdapter):
+    """`onnx.reference.ReferenceEvaluator` on the standard Attention graph (NumPy, in the input dtype)."""
+
+    name = "onnx:reference"
+    runtime = "onnx.reference.ReferenceEvaluator"
+    dtypes = ("float64", "float32", "float16", "bfloat16")
+    capabilities = _STANDARD | {"weights"}
+
+    def call_for(self, case: Case) -> OpCall:
+        return attention_call(case, weights=True)
+
+    def build(self, call: OpCall) -> Any:
+        from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
+
+        return ReferenceEvaluator(call.model())
+
+    def execute(self, ev: Any, call: OpCall) -> list[np.ndarray]:
+        with np.errstate(all="ignore"):
+            return ev.run(None, dict(call.feeds))
+
+    def run(self, case: Case, *, grads: bool = False) -> Result:
+        res = super().run(case, grads=grads)
+        if case.dtype == "bfloat16" and res.out_dtype != "bfloat16":
+            res.notes["returned_dtype"] = res.out_dtype
+        return res
+
+    def run_raw(self, q, k, v, dtype):
+        return self._run_call(_raw_attention(q, k, v, dtype))[0]
+
+
+def _raw_attention(q, k, v, dtype: str) -> OpCall:
+    """A plain Attention call on arbitrary (possibly invalid) 4-D arrays."""
+    feeds = {"Q": np_array(q, dtype), "K": np_array(k, dtype), "V": np_array(v, dtype)}
+    return OpCall("Attention", "", 23, [("Q", dtype), ("K", dtype), ("V", dtype)], feeds, {}, [("Y", dtype)],
+                  unpack=lambda y: y)
+
+
+def _dtype_name(y: np.ndarray) -> str:
+    name = np.asarray(y).dtype.name
+    return {"float32": "float32", "float16": "float16", "float64": "float64", "bfloat16": "bfloat16"}.get(name, name)
+
+
+IMPLEMENTATIONS: tuple[type[OnnxAdapter], ...] = (OrtAttentionAdapter, OrtGqaAdapter, OrtGqaUnfusedAdapter,
+                                                   OrtMhaAdapter, ReferenceEvaluatorAdapter)
+
+
+def implementations(device: str, options: dict[str, Any]) -> list[Adapter]:
+    """Every implementation on the CPU; the ONNX Runtime ones only where onnxruntime is installed."""
+    return [cls(device) for cls in IMPLEMENTATIONS
+            if ORT_AVAILABLE or not issubclass(cls, OrtAdapter)]
+
+
+__all__ = ["DEVICES", "ELEM", "FRAMEWORK", "IMPLEMENTATIONS", "INSTALL_HINT", "implementations"]
