@@ -1,0 +1,170 @@
+"""Regions for spec/divergences/onnx.toml (the `onnx` backend, adapters/onnx.py).
+
+Each predicate takes a Case and returns a bool (a case-level region) or a (B, Hq, Lq) bool array of
+covered rows. Where a region depends on how the adapter lays a case out (which mask shape reaches
+the operator, whether `unidirectional` is used), it asks the adapter's own mapping in
+adapters/onnx_graphs.py, so the region and the call cannot drift apart.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from attnconf.adapters.onnx_graphs import Inexpressible, attention_call, mha_call
+from attnconf.conformance.regions import region
+from attnconf.reference import Case, oracle
+
+
+@region
+def negative_scale(case: Case) -> bool:
+    """A custom scale below 0 (ATTN-OP-4 allows any finite scale)."""
+    scale = getattr(case, "scale", None)
+    return scale is not None and scale < 0
+
+
+@region
+def nonpositive_scale(case: Case) -> bool:
+    """A custom scale of 0 or below: onnxruntime's Attention kernel enforces `scale > 0`."""
+    scale = getattr(case, "scale", None)
+    return scale is not None and scale <= 0
+
+
+@region
+def attn_mask_broadcasts_queries(case: Case) -> bool:
+    """The attn_mask that reaches the standard Attention operator has rank 1, or a query axis of size 1
+    while Lq > 1 (broadcast over queries, as ATTN-MASK-1 and the ONNX schema allow)."""
+    if not hasattr(case, "q") or case.q.ndim != 4:
+        return False
+    try:
+        m = attention_call(case).feeds.get("attn_mask")
+    except Inexpressible:
+        return False
+    return m is not None and (m.ndim < 2 or (m.shape[-2] == 1 and case.shape["Lq"] > 1))
+
+
+@region
+def mha_causal_last_row(case: Case) -> np.ndarray | bool:
+    """Rows of com.microsoft.MultiHeadAttention that its `unidirectional` mask skips: the last query row
+    when the adapter passes the causal mask natively (offset 0) and there are more keys than queries.
+    Rows that see no key at all are left to the fully-masked-row entries."""
+    if not hasattr(case, "q") or case.q.ndim != 4 or case.causal is None:
+        return False
+    try:
+        call = mha_call(case)
+    except Inexpressible:
+        return False
+    s = case.shape
+    if call.attrs.get("unidirectional") != 1 or s["Lk"] <= s["Lq"]:
+        return False
+    rows = np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    rows[:, :, -1] = oracle(case).visible[:, :, -1, :].any(axis=-1)
+    return rows
+
+
+
+# ---- float16 logits at hidden positions ----------------------------------------
+F16_LOWEST = -65504.0   # onnxruntime's mask_filter_value<MLFloat16>(): the finite sentinel a masked logit gets
+
+
+def _hidden_added(case: Case) -> np.ndarray:
+    """(B, Hq, Lq, Lk) positions that onnxruntime's Attention hides by *adding* its sentinel (mask, -inf bias,
+    causal frontier, window, folded query padding); keys past nonpad_kv_seqlen are overwritten instead."""
+    s = case.shape
+    hidden = ~oracle(case).visible
+    if case.kv_lengths is not None:
+        keep = np.arange(s["Lk"])[None, :] < case.kv_lengths[:, None]
+        hidden &= keep[:, None, None, :]
+    return hidden
+
+
+def _ort_f16_masked_logits(case: Case) -> np.ndarray | None:
+    """What onnxruntime's float16 Attention holds at each position after adding the mask: the scaled
+    logit, computed in float32 (its fp16 GEMM falls back to SGEMM on CPUs without fp16 GEMM), plus the
+    sentinel -65504 at hidden positions, rounded once to float16."""
+    if getattr(case, "dtype", None) != "float16" or not hasattr(case, "q") or case.q.ndim != 4:
+        return None
+    if case.softcap is not None:   # the softcap path runs the GEMM without the mask; tanh bounds the logit
+        return None
+    from attnconf.reference import expand_kv  # noqa: PLC0415
+
+    s = case.shape
+    q32 = case.q.astype(np.float32)
+    k32 = expand_kv(case.k, s["Hq"]).astype(np.float32)
+    with np.errstate(all="ignore"):
+        logit = np.float32(case.effective_scale) * np.einsum("bhid,bhjd->bhij", q32, k32)
+        return (logit + np.float32(F16_LOWEST)).astype(np.float16).astype(np.float64)
+
+
+@region
+def ort_f16_masked_logit_survives_sentinel(case: Case) -> np.ndarray | bool:
+    """float16 rows where a key that onnxruntime's Attention hides by adding -65504 keeps a logit within 40
+    of the row's largest visible logit, or above it (the masked key takes weight), or so large that
+    logit - 65504 still rounds to +inf (the row becomes NaN). Needs scaled logits beyond ~65000."""
+    e = _ort_f16_masked_logits(case)
+    if e is None:
+        return False
+    f = oracle(case)
+    hidden = _hidden_added(case)
+    top = np.where(f.visible, f.logits, -np.inf).max(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        rows = (hidden & ((e > top - 40.0) | np.isposinf(e))).any(axis=-1)
+    return rows if rows.any() else False
+
+
+@region
+def ref_f16_hidden_logit_overflow(case: Case) -> np.ndarray | bool:
+    """float16 rows where onnx's reference evaluator meets +inf + (-inf) = NaN: it computes
+    (Q * sqrt(s)) @ (K * sqrt(s))^T in float16 with NumPy and then adds a -inf bias at hidden
+    positions, so a hidden logit that overflows float16 poisons its row."""
+    if getattr(case, "dtype", None) != "float16" or not hasattr(case, "q") or case.q.ndim != 4:
+        return False
+    from attnconf.reference import expand_kv  # noqa: PLC0415
+
+    s = case.shape
+    root = np.sqrt(np.float32(case.scale)) if case.scale is not None else 1.0 / np.sqrt(s["Dk"])
+    with np.errstate(all="ignore"):
+        r16 = np.float16(root)
+        qs = case.q.astype(np.float16) * r16
+        ks = expand_kv(case.k, s["Hq"]).astype(np.float16) * r16
+        logit = np.matmul(qs, np.swapaxes(ks, -1, -2))
+        if case.softcap is not None:
+            c = np.float32(case.softcap)
+            logit = np.tanh(logit / c) * c
+    rows = (np.isposinf(logit) & ~oracle(case).visible).any(axis=-1)
+    return rows if rows.any() else False
+
+
+# ---- onnx's reference evaluator: its causal frontier and its scale ---------------
+def _ref_causal_mask(case: Case) -> np.ndarray | None:
+    """The attn_mask that reaches the reference evaluator when it applies is_causal itself, else None."""
+    if not hasattr(case, "q") or case.q.ndim != 4 or case.causal is None:
+        return None
+    try:
+        call = attention_call(case, weights=True)
+    except Inexpressible:
+        return None
+    if call.attrs.get("is_causal") != 1 or "left_window_size" in call.attrs:
+        return None
+    return call.feeds.get("attn_mask")
+
+
+@region
+def ref_causal_rank1_mask(case: Case) -> bool:
+    """is_causal with a rank-1 attn_mask: the reference evaluator unpacks the mask's last two axes as
+    (q, kv) and raises."""
+    m = _ref_causal_mask(case)
+    return m is not None and m.ndim == 1
+
+
+@region
+def ref_causal_mask_broadcasts_queries(case: Case) -> bool:
+    """is_causal with an attn_mask whose query axis is 1 while Lq > 1: the reference evaluator builds the
+    causal frontier from the mask's shape, so every query row gets row 0's frontier."""
+    m = _ref_causal_mask(case)
+    return m is not None and m.ndim >= 2 and m.shape[-2] == 1 and case.shape["Lq"] > 1
+
+
+@region
+def float64_scale_or_softcap_attribute(case: Case) -> bool:
+    """float64 cases with a custom scale or a softcap: ONNX carries both as float32 attributes."""
+    return (getattr(case, "dtype", None) == "float64" and hasattr(case, "softcap")
+            and (case.scale is not None or case.softcap is not None))
