@@ -179,11 +179,20 @@ class OrtAdapter(OnnxAdapter):
 
 class OrtAttentionAdapter(OrtAdapter):
     name = "onnx:ort-attention"
-    dtypes = ("float32", "float16")     # the CPU kernel is registered for float and MLFloat16 only
+    # The CPU kernel is registered for float and MLFloat16. For float64 onnxruntime has no kernel and
+    # inlines the operator's ONNX function body instead (MatMul, Softmax, ... in double), which runs;
+    # for bfloat16 the body needs an Expand(13) kernel it lacks ("Could not find an implementation").
+    dtypes = ("float64", "float32", "float16")
     capabilities = _STANDARD
 
     def call_for(self, case: Case) -> OpCall:
         return attention_call(case)
+
+    def kernel_name(self, call: OpCall) -> str:
+        name = super().kernel_name(call)
+        if call.inputs[0][1] == "float64":
+            return f"{name}: no float64 kernel, the operator's function body inlined by onnxruntime"
+        return f"{name}: CPU kernel Attention<{'MLFloat16' if call.inputs[0][1] == 'float16' else 'float'}>"
 
     def run_raw(self, q, k, v, dtype):
         return self._run_call(_raw_attention(q, k, v, dtype))[0]
@@ -226,12 +235,20 @@ class OrtGqaUnfusedAdapter(OrtGqaAdapter):
 
 class OrtMhaAdapter(OrtAdapter):
     name = "onnx:ort-mha"
-    dtypes = ("float32",)               # the CPU kernel is registered for float only
+    # The CPU kernel is registered for float only; for float16 onnxruntime's graph transformers insert
+    # Casts around it (float16 in, float32 kernel, float16 out), which runs. bfloat16 has no kernel.
+    dtypes = ("float32", "float16")
     capabilities = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "q_lengths", "kv_lengths",
                               "custom_scale", "dv_ne_dk", "cross", "mask_with_causal"})
 
     def call_for(self, case: Case) -> OpCall:
         return mha_call(case)
+
+    def kernel_name(self, call: OpCall) -> str:
+        name = super().kernel_name(call)
+        if call.inputs[0][1] == "float16":
+            return f"{name}: float kernel between Casts that onnxruntime inserts (no float16 CPU kernel)"
+        return name
 
     def run_raw(self, q, k, v, dtype):
         q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))

@@ -120,7 +120,7 @@ def ref_f16_hidden_logit_overflow(case: Case) -> np.ndarray | bool:
     from attnconf.reference import expand_kv  # noqa: PLC0415
 
     s = case.shape
-    root = np.sqrt(np.float32(case.scale)) if case.scale is not None else 1.0 / np.sqrt(s["Dk"])
+    root = np.sqrt(np.float32(case.scale)) if case.scale is not None else np.sqrt(1.0 / np.sqrt(s["Dk"]))
     with np.errstate(all="ignore"):
         r16 = np.float16(root)
         qs = case.q.astype(np.float16) * r16

@@ -1,0 +1,363 @@
+"""The ONNX adapters: each Case maps onto its operator faithfully, declared scope is honest, and every
+divergence in spec/divergences/onnx.toml still shows on its witness.
+
+Imports onnx (and onnxruntime where installed), never torch, JAX or TensorFlow.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+
+from attnconf import adapters, spec  # noqa: E402
+from attnconf.adapters import KernelError  # noqa: E402
+from attnconf.adapters.base import NotSupported  # noqa: E402
+from attnconf.adapters.onnx_graphs import attention_call, gqa_call, mha_call  # noqa: E402
+from attnconf.conformance import alternatives_onnx, regions_onnx, witnesses_onnx  # noqa: E402,F401
+from attnconf.conformance.regions import REGIONS  # noqa: E402
+from attnconf.conformance.tolerance import judge_output, rounding_noise  # noqa: E402
+from attnconf.conformance.witnesses import WITNESSES  # noqa: E402
+from attnconf.reference import Case, expand_kv, oracle, round_to  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+HAVE_ORT = adapters.onnx.ORT_AVAILABLE if hasattr(adapters, "onnx") else False
+try:
+    import onnxruntime  # noqa: F401
+
+    HAVE_ORT = True
+except ImportError:
+    HAVE_ORT = False
+needs_ort = pytest.mark.skipif(not HAVE_ORT, reason="onnxruntime is not installed")
+RNG = np.random.default_rng(2026)
+
+
+@pytest.fixture(scope="module")
+def impls() -> dict:
+    return {a.name: a for a in adapters.load("onnx")}
+
+
+def make(B=2, Hq=4, Hkv=2, Lq=5, Lk=7, Dk=8, Dv=8, dtype="float32", **params) -> Case:
+    q = RNG.normal(size=(B, Hq, Lq, Dk))
+    k = RNG.normal(size=(B, Hkv, Lk, Dk))
+    v = RNG.normal(size=(B, Hkv, Lk, Dv))
+    return Case.build(q, k, v, dtype=dtype, **params)
+
+
+def keep_rows(lq: int, lk: int, b: int = 2) -> np.ndarray:
+    """A random (b, 1, lq, lk) mask that leaves every row at least one key."""
+    m = RNG.random((b, 1, lq, lk)) < 0.6
+    m[..., np.arange(lq), np.arange(lq) % lk] = True
+    return m
+
+
+def naive32_error(case: Case) -> np.ndarray:
+    """|O_naive - O_ref| of a float32 naive implementation that also applies softcap and sinks: the
+    yardstick for features reference/emulate.py does not model yet (same model: logits, softmax and
+    P V in float32, each stage rounded to float32)."""
+    f = oracle(case)
+    s = case.shape
+    q, k, v = (x.astype(np.float32) for x in (case.q, case.k, expand_kv(case.v, s["Hq"])))
+    lg = np.float32(case.effective_scale) * np.einsum("bhid,bhjd->bhij", q, expand_kv(case.k, s["Hq"]).astype(np.float32))
+    if case.softcap is not None:
+        c = np.float32(case.softcap)
+        lg = c * np.tanh(lg / c)
+    if case.bias is not None:
+        lg = lg + case.bias.astype(np.float32)
+    lg = np.where(f.visible, lg, -np.inf).astype(np.float32)
+    m = lg.max(axis=-1, keepdims=True)
+    if case.sinks is not None:
+        m = np.maximum(m, case.sinks.astype(np.float32)[None, :, None, None])
+    m = np.where(np.isfinite(m), m, 0).astype(np.float32)
+    p = np.exp(lg - m)
+    den = p.sum(axis=-1, keepdims=True, dtype=np.float32)
+    if case.sinks is not None:
+        den = den + np.exp(case.sinks.astype(np.float32)[None, :, None, None] - m)
+    w = np.where(den > 0, p / np.where(den > 0, den, 1), 0).astype(np.float32)
+    out = np.einsum("bhij,bhjd->bhid", w, v).astype(np.float64)
+    del k, q
+    return np.abs(out - f.out)
+
+
+def assert_close_naive32(out: np.ndarray, case: Case) -> None:
+    """ATTN-TOL-1 with the float32 naive yardstick above: e <= 2 * e_naive + 2 * max rounding noise."""
+    ref = oracle(case).out
+    e = float(np.abs(out - ref).max())
+    allowed = 2 * float(naive32_error(case).max()) + 2 * float(rounding_noise(ref, "float32").max())
+    assert np.isfinite(out).all() and e <= allowed, f"error {e:.3g} > allowed {allowed:.3g}"
+
+
+# ---- the standard Attention operator: mapping -------------------------------------------------
+ATTENTION_CASES = {
+    "plain": lambda: make(),
+    "mask": lambda: make(mask=keep_rows(5, 7)),
+    "mask-2d": lambda: make(mask=keep_rows(5, 7)[0, 0]),
+    "bias": lambda: make(bias=RNG.normal(size=(1, 4, 5, 7))),
+    "bias-with-inf": lambda: make(bias=np.where(keep_rows(5, 7), RNG.normal(size=(2, 1, 5, 7)), -np.inf)),
+    "causal-top-left": lambda: make(causal="top_left"),
+    "causal-bottom-right (past_key)": lambda: make(causal="bottom_right"),
+    "causal-bottom-right Lq>Lk (nonpad)": lambda: make(Lq=7, Lk=5, causal="bottom_right"),
+    "mask+causal": lambda: make(Lq=6, Lk=6, mask=keep_rows(6, 6), causal="top_left"),
+    "kv_lengths (nonpad)": lambda: make(kv_lengths=[3, 7]),
+    "kv_lengths+bottom-right": lambda: make(kv_lengths=[5, 7], causal="bottom_right"),
+    "kv_lengths+top-left (folded)": lambda: make(kv_lengths=[3, 7], causal="top_left"),
+    "q_lengths (folded)": lambda: make(q_lengths=[2, 5]),
+    "mqa": lambda: make(Hkv=1),
+    "scale": lambda: make(scale=0.3),
+    "dv_ne_dk": lambda: make(Dv=5),
+    "window bottom-right": lambda: make(Lq=6, Lk=9, window=(2, 0), causal="bottom_right"),
+    "window top-left": lambda: make(Lq=6, Lk=9, window=(1, 1), window_align="top_left"),
+}
+
+
+@pytest.mark.parametrize("label", sorted(ATTENTION_CASES))
+@pytest.mark.parametrize("name", ["onnx:reference", pytest.param("onnx:ort-attention", marks=needs_ort)])
+def test_attention_matches_reference(impls, name, label):
+    case = ATTENTION_CASES[label]()
+    res = impls[name].run(case)
+    assert res.out_dtype == "float32"
+    j = judge_output(res.out, case)
+    assert j.ok, j.explain()
+
+
+def test_attention_routes_and_opsets():
+    """Which inputs carry which feature, and the opset each needs (23; 24 nonpad_kv_seqlen; 25 windows)."""
+    plain = attention_call(make())
+    assert plain.opset == 23 and "attn_mask" not in plain.feeds and plain.attrs == {}
+    br = attention_call(make(Lq=3, Lk=7, causal="bottom_right"))
+    assert br.attrs["is_causal"] == 1 and br.feeds["past_key"].shape[2] == 4 and br.opset == 23
+    kv = attention_call(make(kv_lengths=[5, 7], causal="bottom_right"))
+    assert kv.opset == 24 and kv.feeds["nonpad_kv_seqlen"].tolist() == [5, 7] and kv.attrs["is_causal"] == 1
+    tl = attention_call(make(kv_lengths=[3, 7], causal="top_left"))
+    assert "is_causal" not in tl.attrs and tl.feeds["attn_mask"].shape == (2, 1, 5, 7)   # folded: offset differs
+    win = attention_call(make(Lq=6, Lk=9, window=(2, 0), window_align="top_left"))
+    assert win.opset == 25 and (win.attrs["left_window_size"], win.attrs["right_window_size"]) == (2, 0)
+    key_axis = attention_call(make(mask=np.ones((2, 1, 5, 1), dtype=bool)))
+    assert key_axis.feeds["attn_mask"].shape == (2, 1, 5, 7)    # the schema pads a short key axis with -inf
+
+
+def test_reference_weights_are_returned(impls):
+    case = make(mask=keep_rows(5, 7), causal="top_left", Lq=5, Lk=7)
+    res = impls["onnx:reference"].run(case)
+    assert res.weights is not None and res.weights.shape == (2, 4, 5, 7)
+    assert (res.weights[~oracle(case).visible] == 0).all()
+    assert np.allclose(res.weights, oracle(case).weights, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["onnx:reference", pytest.param("onnx:ort-attention", marks=needs_ort)])
+def test_softcap_against_float32_naive(impls, name):
+    case = make(softcap=1.5, scale=2.0)
+    assert_close_naive32(impls[name].run(case).out, case)
+
+
+# ---- GroupQueryAttention and MultiHeadAttention ------------------------------------------------
+GQA_CASES = {
+    "causal square": lambda: make(Lq=6, Lk=6, causal="bottom_right"),
+    "causal cache (query_seqlens)": lambda: make(Lq=3, Lk=9, causal="bottom_right"),
+    "non-causal cache, B=1": lambda: make(B=1, Lq=3, Lk=9),
+    "kv_lengths cache": lambda: make(Lq=3, Lk=9, kv_lengths=[5, 9], causal="bottom_right"),
+    "mask": lambda: make(B=1, Lq=6, Lk=6, mask=keep_rows(6, 6, b=1)),
+    "bias": lambda: make(Lq=6, Lk=6, bias=RNG.normal(size=(1, 4, 6, 6)), causal="top_left"),
+    "mqa": lambda: make(Hkv=1, Lq=6, Lk=6, causal="top_left"),
+    "scale": lambda: make(Lq=6, Lk=6, causal="top_left", scale=-0.4),
+    "window": lambda: make(Lq=4, Lk=10, window=(2, 0), causal="bottom_right"),
+}
+
+
+@needs_ort
+@pytest.mark.parametrize("label", sorted(GQA_CASES))
+@pytest.mark.parametrize("name", ["onnx:ort-gqa", "onnx:ort-gqa-unfused"])
+def test_gqa_matches_reference(impls, name, label):
+    case = GQA_CASES[label]()
+    res = impls[name].run(case)
+    j = judge_output(res.out, case)
+    assert j.ok, j.explain()
+
+
+@needs_ort
+def test_gqa_sinks_and_softcap(impls):
+    case = make(Lq=6, Lk=6, causal="bottom_right", sinks=RNG.normal(size=4), softcap=2.0)
+    assert_close_naive32(impls["onnx:ort-gqa"].run(case).out, case)
+
+
+@needs_ort
+def test_gqa_local_window_counts_the_current_key(impls):
+    """local_window_size = left + 1 (microsoft/onnxruntime#25927): window (2, 0) sees keys i-2 .. i."""
+    L = 8
+    case = Case.build(RNG.normal(size=(1, 1, L, 8)), RNG.normal(size=(1, 1, L, 8)), np.eye(L)[None, None],
+                      window=(2, 0), causal="bottom_right", dtype="float32")
+    assert gqa_call(case).attrs["local_window_size"] == 3
+    w = impls["onnx:ort-gqa"].run(case).out[0, 0]
+    assert ((w > 0) == oracle(case).visible[0, 0]).all()
+
+
+MHA_CASES = {
+    "plain": lambda: make(Hkv=4),
+    "mask": lambda: make(Hkv=4, mask=keep_rows(5, 7)),
+    "bias": lambda: make(Hkv=4, bias=RNG.normal(size=(2, 1, 5, 7))),
+    "kv_lengths": lambda: make(Hkv=4, kv_lengths=[3, 7]),
+    "causal square": lambda: make(Hkv=4, Lq=6, Lk=6, causal="top_left"),
+    "causal Lq>Lk": lambda: make(Hkv=4, Lq=7, Lk=5, causal="top_left"),
+    "bottom-right (folded)": lambda: make(Hkv=4, causal="bottom_right"),
+    "scale": lambda: make(Hkv=4, scale=-0.3),
+    "dv_ne_dk": lambda: make(Hkv=4, Dv=5),
+}
+
+
+@needs_ort
+@pytest.mark.parametrize("label", sorted(MHA_CASES))
+def test_mha_matches_reference(impls, label):
+    case = MHA_CASES[label]()
+    j = judge_output(impls["onnx:ort-mha"].run(case).out, case)
+    assert j.ok, j.explain()
+
+
+def test_mha_padding_is_exact():
+    """key_padding_mask with mask_filter_value = -inf (the default -10000 is not masking)."""
+    call = mha_call(make(Hkv=4, kv_lengths=[3, 7]))
+    assert call.attrs["mask_filter_value"] == float("-inf")
+    assert call.feeds["key_padding_mask"].tolist() == [3, 7]
+
+
+# ---- declared scope is honest ---------------------------------------------------------------------
+REFUSALS = [  # (implementation, case, a fragment of the reason)
+    ("onnx:ort-attention", lambda: make(dtype="bfloat16"), "does not run bfloat16"),
+    ("onnx:ort-attention", lambda: make(sinks=np.zeros(4)), "lacks sinks"),
+    ("onnx:ort-gqa", lambda: make(Dk=4, Dv=4, Lq=5, Lk=5), "multiple of 8"),
+    ("onnx:ort-gqa", lambda: make(Dv=16), "lacks dv_ne_dk"),
+    ("onnx:ort-gqa", lambda: make(Lq=7, Lk=5, causal="bottom_right"), "kv_len >= Lq"),
+    ("onnx:ort-gqa", lambda: make(Lq=3, Lk=7, causal="top_left"), "aligns causal"),
+    ("onnx:ort-gqa", lambda: make(q_lengths=[2, 5]), "lacks q_lengths"),
+    ("onnx:ort-gqa", lambda: make(Lq=3, Lk=7), "query_seqlens"),
+    ("onnx:ort-mha", lambda: make(), "lacks gqa"),
+    ("onnx:ort-mha", lambda: make(Hkv=4, dtype="bfloat16"), "does not run bfloat16"),
+    ("onnx:reference", lambda: make(grad_out=np.zeros((2, 4, 5, 8))), None),
+]
+
+
+@needs_ort
+@pytest.mark.parametrize("i", range(len(REFUSALS)))
+def test_refused_with_a_reason(impls, i):
+    name, build, fragment = REFUSALS[i]
+    impl, case = impls[name], build()
+    if fragment is None:   # gradients: an inference runtime has none
+        assert impl.supports(case, need=frozenset({"grads"})) != True  # noqa: E712
+        with pytest.raises(NotSupported):
+            impl.run(case, grads=True)
+        return
+    reason = impl.supports(case)
+    assert reason is not True and fragment in reason, reason
+
+
+@needs_ort
+@pytest.mark.parametrize("name,dtype", [("onnx:ort-attention", "bfloat16"), ("onnx:ort-gqa", "float64"),
+                                        ("onnx:ort-gqa", "bfloat16"), ("onnx:ort-mha", "bfloat16")])
+def test_undeclared_dtypes_really_do_not_run(impls, name, dtype):
+    """A dtype left out of the declaration is one the runtime has no kernel for (not a cautious guess)."""
+    impl = impls[name]
+    case = make(Hkv=4 if name.endswith("mha") else 2, Lq=6, Lk=6, dtype=dtype,
+                causal="bottom_right" if "gqa" in name else None)
+    with pytest.raises(KernelError, match="could not build|NOT_IMPLEMENTED|implementation"):
+        impl._run_call(impl.call_for(case))
+
+
+@needs_ort
+def test_float64_attention_is_the_function_body(impls):
+    """No float64 kernel: onnxruntime inlines the function body, whose scale is float32 (a declared divergence)."""
+    case = make(dtype="float64")
+    res = impls["onnx:ort-attention"].run(case)
+    assert res.out_dtype == "float64" and "function body" in res.kernel
+    assert not judge_output(res.out, case).ok
+    expected = alternatives_onnx.function_body_scale(case)["out"]
+    assert np.abs(res.out - expected).max() < 1e-14
+
+
+@needs_ort
+@pytest.mark.parametrize("name", ["onnx:ort-attention", "onnx:ort-gqa", "onnx:ort-mha", "onnx:reference"])
+def test_invalid_shapes_raise(impls, name):
+    """ATTN-OP-6: K and V of different lengths must raise."""
+    q, k, v = RNG.normal(size=(1, 2, 4, 8)), RNG.normal(size=(1, 2, 5, 8)), RNG.normal(size=(1, 2, 6, 8))
+    with pytest.raises(Exception):
+        impls[name].run_raw(q, k, v, "float32")
+
+
+@needs_ort
+def test_graphs_are_cached_per_signature(impls):
+    impl = type(impls["onnx:ort-attention"])()
+    impl.run(make(Lq=3, Lk=4))
+    impl.run(make(Lq=9, Lk=17, B=1))           # another shape, same signature
+    assert impl.cache.built == 1 and impl.cache.hits == 1
+    impl.run(make(scale=0.3))                  # an attribute value is part of the signature
+    assert impl.cache.built == 2
+    d = impl.describe()
+    assert d["graphs_built"] == 2 and d["cache_hits"] == 1 and d["onnxruntime"]
+
+
+# ---- divergences: every entry's witness still shows its behaviour ----------------------------------
+ENTRIES = spec.divergences("onnx")
+
+
+def _behaves_as_declared(impl, entry) -> tuple[bool, str]:
+    case = WITNESSES[entry["witness"]]()
+    inside = REGIONS[entry["region"]](case)
+    if not np.any(inside):
+        return False, "witness is outside the entry's region"
+    try:
+        res = impl.run(case)
+    except (KernelError, NotSupported) as exc:
+        return entry["instead"] == "raises", f"raises: {exc}"
+    except Exception as exc:  # noqa: BLE001 (the reference evaluator raises NumPy errors)
+        return entry["instead"] == "raises", f"raises {type(exc).__name__}: {exc}"
+    strict = judge_output(res.out, case)
+    if strict.ok:
+        return False, "witness conforms (stale entry)"
+    if entry["region"] == "fully_masked_rows":        # a row region that regions.py still returns as a bool
+        rows = ~oracle(case).visible.any(axis=-1)
+    elif isinstance(inside, (bool, np.bool_)):
+        rows = np.ones(case.out_shape[:3], dtype=bool)
+    else:
+        rows = np.asarray(inside, dtype=bool)
+    if entry["instead"] == "raises":
+        return False, "returned instead of raising"
+    if entry["instead"] == "nan":
+        return bool(np.isnan(res.out[rows]).all()), "NaN on the covered rows"
+    if entry["instead"] == "sqrt_scale_in_dtype":
+        j = judge_output(res.out, alternatives_onnx.effective_scale_case(case))
+        return j.ok, j.explain()
+    expected = alternatives_onnx.ALTERNATIVES[entry["instead"]](case)["out"]
+    got, want = res.out[rows], expected[rows]
+    same_nan = np.array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    eta = judge_output(res.out, case).allowed_max
+    ok = same_nan and float(np.abs(got[finite] - want[finite]).max(initial=0.0)) <= eta
+    return ok, f"alternative {entry['instead']}: same NaN pattern {same_nan}"
+
+
+@needs_ort
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["id"] for e in ENTRIES])
+def test_witness_shows_the_declared_behaviour(impls, entry):
+    assert entry["region"] in REGIONS and entry["witness"] in WITNESSES
+    if entry["instead"] not in ("raises", "nan"):
+        assert entry["instead"] in alternatives_onnx.ALTERNATIVES
+    for name in sorted(impls):
+        if any(__import__("fnmatch").fnmatch(name, p) for p in entry["implementations"]):
+            ok, why = _behaves_as_declared(impls[name], entry)
+            assert ok, f"{entry['id']} on {name}: {why}"
+
+
+# ---- findings: each reproduction still reproduces ------------------------------------------------
+FINDINGS = sorted((ROOT / "reports" / "findings").glob("ONNX-*.py"))
+
+
+@pytest.mark.parametrize("script", FINDINGS, ids=[p.stem for p in FINDINGS])
+def test_finding_reproduces(script):
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
+    if proc.returncode == 2:
+        pytest.skip(last)
+    assert proc.returncode == 0 and last.startswith("REPRODUCED:"), last
+    assert (script.with_suffix(".md")).exists()
