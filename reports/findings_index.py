@@ -12,7 +12,8 @@ The format (also in reports/findings/README.md):
 - first line `# <ID>: <title>`, ID = the file name without `.md`;
 - a two-column table (`| field | value |`) with at least the rows `target`, `versions`,
   `status` (`reproduces` or `fixed`), `spec clause` (one or more clause ids) and `kind`
-  (`bug` or `documentation gap`); optional rows: `upstream`, `divergence`, `measured on`;
+  (`bug` or `documentation gap`), matched case-insensitively; other rows are allowed (this
+  project's write-ups use `measured on`, `upstream` and `divergence`);
 - the sections `## What the spec says`, `## What the implementation does`, `## Reproduction`
   and `## Draft upstream report`, in that order.
 """
@@ -30,7 +31,6 @@ FINDINGS_DIR = ROOT / "reports" / "findings"
 README = FINDINGS_DIR / "README.md"
 
 REQUIRED_ROWS = ("target", "versions", "status", "spec clause", "kind")
-OPTIONAL_ROWS = ("upstream", "divergence", "measured on")
 STATUSES = ("reproduces", "fixed")
 KINDS = ("bug", "documentation gap")
 SECTIONS = ("What the spec says", "What the implementation does", "Reproduction", "Draft upstream report")
@@ -81,30 +81,28 @@ def parse(path: Path, known_clauses: set[str] | None = None) -> Finding:
     if not ID_RE.match(fid):
         raise FindingFormatError(f"{name}: id {fid!r} is not CAPITALS-WITH-DASHES")
 
-    fields: dict[str, str] = {}
-    in_table = False
+    table: list[str] = []
     for line in lines[1:]:
         if line.startswith("|"):
-            in_table = True
-            if SEPARATOR_RE.match(line):
-                continue
-            row = ROW_RE.match(line)
-            if not row:
-                raise FindingFormatError(f"{name}: table row is not '| field | value |': {line[:60]!r}")
-            key = row["key"].strip().lower()
-            if key in ("field", ""):
-                continue  # the header row
-            if key in fields:
-                raise FindingFormatError(f"{name}: table row {key!r} appears twice")
-            fields[key] = row["value"].strip()
-        elif in_table:
-            break  # the header table ends at the first non-table line after it
+            table.append(line)
+        elif table:
+            break  # the header table is the first table; it ends at the first non-table line
+    if len(table) >= 2 and SEPARATOR_RE.match(table[1]):
+        table = table[2:]  # drop the column-title row and the separator, whatever they say
+    fields: dict[str, str] = {}
+    for line in table:
+        row = ROW_RE.match(line)
+        if not row:
+            raise FindingFormatError(f"{name}: header table row is not '| field | value |': {line[:60]!r}")
+        key = row["key"].strip().lower()
+        if key in fields:
+            raise FindingFormatError(f"{name}: header table row {key!r} appears twice")
+        fields[key] = row["value"].strip()
     missing = [r for r in REQUIRED_ROWS if not fields.get(r)]
     if missing:
         raise FindingFormatError(f"{name}: header table lacks row(s) {', '.join(missing)}")
-    unknown = sorted(set(fields) - set(REQUIRED_ROWS) - set(OPTIONAL_ROWS))
-    if unknown:
-        raise FindingFormatError(f"{name}: unknown header row(s) {', '.join(unknown)}")
+    for key in ("status", "kind"):
+        fields[key] = fields[key].lower()
     if fields["status"] not in STATUSES:
         raise FindingFormatError(f"{name}: status must be one of {', '.join(STATUSES)}, got {fields['status']!r}")
     if fields["kind"] not in KINDS:
@@ -118,11 +116,12 @@ def parse(path: Path, known_clauses: set[str] | None = None) -> Finding:
             raise FindingFormatError(f"{name}: unknown spec clause(s) {', '.join(bad)}")
 
     sections = [line[3:].strip() for line in lines if line.startswith("## ")]
+    lowered = [s.lower() for s in sections]
     positions = []
     for wanted in SECTIONS:
-        if wanted not in sections:
+        if wanted.lower() not in lowered:
             raise FindingFormatError(f"{name}: missing section '## {wanted}'")
-        positions.append(sections.index(wanted))
+        positions.append(lowered.index(wanted.lower()))
     if positions != sorted(positions):
         raise FindingFormatError(f"{name}: sections must come in the order {', '.join(SECTIONS)}")
     return Finding(fid, title["title"].strip(), fields, sections, path, clauses)

@@ -212,19 +212,35 @@ def test_parser_accepts_the_format(tmp_path):
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda t: t.replace("# DEMO-LIB-THING: a demo", "# OTHER-ID: a demo"), "file is named"),
-    (lambda t: t.replace("| status | reproduces |\n", ""), "lacks row(s) status"),
+    (lambda t: t.replace("| status | reproduces |\n", ""), "lacks row.*status"),
     (lambda t: t.replace("| status | reproduces |", "| status | maybe |"), "status must be"),
     (lambda t: t.replace("| kind | bug |", "| kind | feature |"), "kind must be"),
     (lambda t: t.replace("## Draft upstream report\n", ""), "missing section"),
     (lambda t: t.replace("## What the spec says\nx\n## What the implementation does",
                          "## What the implementation does\nx\n## What the spec says"), "order"),
-    (lambda t: t.replace("| kind | bug |", "| kind | bug |\n| colour | red |"), "unknown header row"),
+    (lambda t: t.replace("| kind | bug |", "| kind | bug |\n| kind | bug |"), "appears twice"),
+    (lambda t: t.replace("| target | demo |", "| target demo |"), "is not '. field . value .'"),
+    (lambda t: t.replace("| spec clause | ", "| spec clause | see "), None),
 ])
 def test_parser_rejects_malformed(tmp_path, mutate, message):
     path = tmp_path / "DEMO-LIB-THING.md"
     path.write_text(mutate(GOOD.format(clause=_clause())))
+    if message is None:  # a control mutation that must still parse
+        fi.parse(path, fi.known_clause_ids())
+        return
     with pytest.raises(fi.FindingFormatError, match=message):
         fi.parse(path, fi.known_clause_ids())
+
+
+def test_parser_is_lenient_where_the_format_is(tmp_path):
+    """Extra rows, another column-title row, capitalised values and section titles are accepted."""
+    text = (GOOD.format(clause=_clause()).replace("| field | value |", "| Row | Value |")
+            .replace("| reproduces |", "| Reproduces |").replace("| kind | bug |", "| Kind | Bug |\n| link | x |")
+            .replace("## What the spec says", "## What the Spec says"))
+    path = tmp_path / "DEMO-LIB-THING.md"
+    path.write_text(text)
+    finding = fi.parse(path, fi.known_clause_ids())
+    assert (finding.status, finding.fields["kind"], finding.fields["link"]) == ("reproduces", "bug", "x")
 
 
 def test_parser_rejects_unknown_clause(tmp_path):
