@@ -1,20 +1,25 @@
-"""The attnconf pytest plugin: options, implementations, records, verdict and report.
+"""The attnconf pytest plugin: options, the run's session, records, cells, verdict and run file.
 
-All pytest plumbing lives here. `conformance/conftest.py` only re-exports it.
-Flow: configure (validate options, load adapters and divergences) ->
-parametrize tests over implementations -> open a TestRecord around each test
--> turn its outcome into a record (pass / fail / error / unsupported /
-divergent / crashed / timeout) -> at the end compute the verdict and write the
-run file.
+All pytest plumbing lives here. A checkout loads it from the root conftest.py; an installed attnconf
+loads it through its `pytest11` entry point (registered under the same name, so never twice). It is
+inert unless `--backend` is given: installing attnconf never changes anybody else's test run, and
+only collecting attnconf's own conformance tests without `--backend` is a usage error.
+
+Flow: configure (validate options, load adapters and divergences, build the `Session` on
+config.stash) -> parametrize tests over implementations and dtype cells -> each test's `impl`
+fixture is a `harness.Subject` bound to the item's own `TestRecord` -> turn the outcome into a
+record (pass / fail / error / unsupported / divergent / crashed / timeout / not_run) -> write the run
+file as records arrive (so a stopped run keeps what it has, verdict INCOMPLETE) -> at the end,
+cells, verdict and the final run file.
 """
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -24,31 +29,63 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from attnconf import adapters
-from attnconf import spec
+from attnconf import adapters, spec
 from attnconf.reference import Case
 
 from . import harness
-from .divergences import Divergences
+from .divergences import DivergenceError, Divergences
+from .verdict import FAILING, build_cells, decide, plan, verdict_line
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE_DIR = Path(__file__).resolve().parent
-SUITE_VERSION = "0.1.0"
-FAILING = ("fail", "error", "crashed", "timeout")
+SUITE_VERSION = "0.2.0"
+SESSION_KEY = pytest.StashKey["RunState"]()
+RECORD_KEY = pytest.StashKey[harness.TestRecord]()
+RESULT_KEY = pytest.StashKey[dict]()
+WRITE_EVERY_S = 2.0
+DEFAULT_RUN_TIMEOUT_S = 1800.0
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
            HealthCheck.large_base_example, HealthCheck.differing_executors]
 
-settings.register_profile("dev", max_examples=15, deadline=None, suppress_health_check=_HEALTH)
-settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, database=None, print_blob=True,
-                          suppress_health_check=_HEALTH, phases=[Phase.explicit, Phase.generate, Phase.shrink])
-settings.register_profile("thorough", max_examples=300, deadline=None, suppress_health_check=_HEALTH)
-RECORD_KEY = pytest.StashKey[dict]()
 
+def register_profiles() -> None:
+    """The Hypothesis profiles dev, ci (the certification profile) and thorough (idempotent)."""
+    settings.register_profile("dev", max_examples=15, deadline=None, suppress_health_check=_HEALTH)
+    settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, database=None, print_blob=True,
+                              suppress_health_check=_HEALTH, phases=[Phase.explicit, Phase.generate, Phase.shrink])
+    settings.register_profile("thorough", max_examples=300, deadline=None, suppress_health_check=_HEALTH)
+
+
+class RunState:
+    """What one run keeps: the harness session and, on the controller, the records as they arrive, the
+    environment and the run file. On the controller it is also registered as a plugin, so that
+    `pytest_runtest_logreport` (which gets no config) reaches it without any module global."""
+
+    def __init__(self, session: harness.Session, config: pytest.Config):
+        self.session = session
+        self.config = config
+        self.records: list[dict[str, Any]] = []
+        self.started = time.time()
+        self.last_write = 0.0
+        self.run: dict[str, Any] | None = None
+        self.interrupted = False
+        self.environment: dict[str, Any] | None = None
+        self.plan: list | None = None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Collect records (with and without pytest-xdist) and keep the run file current."""
+        got = False
+        for key, value in report.user_properties:
+            if key == "attnconf":
+                self.records.append(value)
+                got = True
+        if got:
+            _write_partial(self.config)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("attnconf", "attnconf conformance")
-    g.addoption("--backend", help=f"backend under test: {', '.join(adapters.BACKENDS)} (required)")
+    g.addoption("--backend", help=f"backend under test: {', '.join(adapters.BACKENDS)} (required to run the suite)")
     g.addoption("--impl", default=None, help="comma-separated implementations of the backend (default: all on the device)")
     g.addoption("--device", default="cpu", help="cpu, cuda (torch) or gpu (jax, tensorflow)")
     g.addoption("--kernel", default=None, help="MODULE:ATTR: a third-party kernel in the backend's calling convention")
@@ -57,12 +94,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "flash_attn_varlen, flash_attn_kvcache, flashinfer_prefill, flashinfer_decode")
     g.addoption("--capabilities", default=None,
                 help="FILE.toml: the kernel's declared scope (as its attnconf_capabilities attribute would say)")
-    g.addoption("--report", default=None, help="write the run's JSON record to PATH")
+    g.addoption("--report", default=None, help="write the run's JSON record to PATH (updated as the run goes)")
     g.addoption("--failures-dir", default=None, help="where failing cases are saved as .npz (default: beside the report, else reports/failures)")
     g.addoption("--replay", default=None, help="run the given tests on one saved case (.npz) instead of generated ones")
     g.addoption("--allow-tf32", action="store_true", help="leave TF32 / reduced-precision matmuls on (shows what they cost)")
     g.addoption("--isolate", action="store_true", help="run the kernel in a worker process (crashes, hangs and memory are contained)")
-    g.addoption("--case-timeout", type=float, default=60.0, help="seconds per kernel call under --isolate (default 60)")
+    g.addoption("--case-timeout", type=float, default=60.0,
+                help="seconds per kernel call, in the worker under --isolate and by SIGALRM otherwise (default 60)")
+    g.addoption("--max-timeouts", type=int, default=2,
+                help="after this many timed-out calls an implementation is not called again (default 2)")
+    g.addoption("--run-timeout", type=float, default=DEFAULT_RUN_TIMEOUT_S,
+                help=f"seconds after which no further test starts; the verdict is then INCOMPLETE "
+                     f"(default {DEFAULT_RUN_TIMEOUT_S:g}; 0 = none)")
     g.addoption("--memory-limit", type=float, default=4.0, help="GiB of address space for the isolated worker (default 4)")
     g.addoption("--divergences-dir", default=None, help="folder of divergence files (default spec/divergences)")
     g.addoption("--long", action="store_true", help="also check long sequences against the tiled reference (ATTN-LONG-1)")
@@ -73,11 +116,17 @@ def _usage(msg: str) -> None:
     raise pytest.UsageError(msg)
 
 
+def _state(config: pytest.Config) -> RunState | None:
+    return config.stash.get(SESSION_KEY, None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "clauses(*ids): spec clauses this test checks")
+    config.addinivalue_line("markers", "attnconf_opt_in: an attnconf test that runs only when its option is given")
     backend = config.getoption("--backend")
     if not backend:
         return  # inert: attnconf acts only when its options are given (see pytest_collection_modifyitems)
+    register_profiles()
     options = {"allow_tf32": config.getoption("--allow-tf32")}
     try:
         impls = adapters.load(backend, device=config.getoption("--device"), kernel=config.getoption("--kernel"),
@@ -88,29 +137,56 @@ def pytest_configure(config: pytest.Config) -> None:
         _usage(str(exc))
     if config.getoption("--isolate"):
         impls = _isolate(config, impls, options)
+    from .regions import load_all as load_regions
+    from .witnesses import load_all as load_witnesses
+
+    load_regions()
+    load_witnesses()
     try:
-        entries = spec.divergences(backend, Path(config.getoption("--divergences-dir")) if config.getoption("--divergences-dir") else None)
+        folder = config.getoption("--divergences-dir")
+        entries = spec.divergences(backend, Path(folder) if folder else None)
         divs = Divergences(entries, config.getoption("--device"))
-    except (spec.SpecError, ValueError) as exc:
+    except (spec.SpecError, DivergenceError, ValueError) as exc:
         _usage(f"malformed divergence file: {exc}")
     report = config.getoption("--report")
     if report:
         _check_writable(Path(report))
-    replay = config.getoption("--replay")
-    if replay:
+    replay = None
+    if config.getoption("--replay"):
         try:
-            harness.SESSION.replay = Case.load(replay)
+            replay = Case.load(config.getoption("--replay"))
         except Exception as exc:
-            _usage(f"--replay {replay}: cannot load the case: {type(exc).__name__}: {exc}")
-    harness.SESSION.divergences = divs
-    harness.SESSION.device = config.getoption("--device")
-    harness.SESSION.long = config.getoption("--long")
-    harness.SESSION.measure_memory = config.getoption("--measure-memory")
+            _usage(f"--replay {config.getoption('--replay')}: cannot load the case: {type(exc).__name__}: {exc}")
     seed = config.getoption("--hypothesis-seed", default=None)
-    harness.SESSION.seed = int(seed) if seed not in (None, "") else None
-    config.stash[RECORD_KEY] = {"impls": impls, "records": [], "started": time.time(), "backend": backend,
-                                "options": options, "entries": entries}
+    run_timeout = config.getoption("--run-timeout")
+    session = harness.Session(
+        backend=backend, impls=impls, divergences=divs, device=config.getoption("--device"), replay=replay,
+        long=config.getoption("--long"), measure_memory=config.getoption("--measure-memory"),
+        seed=int(seed) if seed not in (None, "") else None, case_timeout=config.getoption("--case-timeout"),
+        max_timeouts=config.getoption("--max-timeouts"),
+        deadline=time.time() + run_timeout if run_timeout and run_timeout > 0 else None,
+        entries=divs.entries, options=options)
+    state = RunState(session, config)
+    config.stash[SESSION_KEY] = state
     settings.load_profile(config.getoption("--hypothesis-profile", default=None) or "dev")
+    if getattr(config, "workerinput", None) is None:
+        config.pluginmanager.register(state, "attnconf-run")
+        _install_sigterm(config)
+
+
+def _install_sigterm(config: pytest.Config) -> None:
+    """SIGTERM stops the run like Ctrl-C: pytest finishes the session and the run file is written."""
+    def stop(signum, frame):
+        state = _state(config)
+        if state is not None:
+            state.interrupted = True
+            _write_partial(config, force=True)
+        raise KeyboardInterrupt("SIGTERM")
+
+    try:
+        signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        pass
 
 
 def _check_writable(path: Path) -> None:
@@ -133,24 +209,65 @@ def _isolate(config: pytest.Config, impls: list, options: dict) -> list:
     for a in impls:
         spec_ = {"backend": config.getoption("--backend"), "device": config.getoption("--device"),
                  "kernel": config.getoption("--kernel"), "impl": None if config.getoption("--kernel") else a.name,
+                 "convention": config.getoption("--convention"), "capabilities": config.getoption("--capabilities"),
                  "options": options}
         out.append(IsolatedAdapter(spec_, a.name, timeout_s=config.getoption("--case-timeout"),
                                    memory_bytes=int(config.getoption("--memory-limit") * 2**30)))
     return out
 
 
+# ---- collection and parametrization ------------------------------------------------------------
+
+def _kind(adapter) -> str:
+    return "layer" if getattr(adapter, "kind", "sdpa") == "layer" else "sdpa"
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    state = metafunc.config.stash.get(RECORD_KEY, None)
+    state = _state(metafunc.config)
     if state is None:
         return
+    impls = state.session.impls
+    cells = getattr(metafunc.function, "attnconf_dtypes", None)
     for fixture, kind in (("impl", "sdpa"), ("layer_impl", "layer")):
-        if fixture in metafunc.fixturenames:
-            chosen = [a for a in state["impls"] if getattr(a, "kind", "sdpa") == kind]
-            metafunc.parametrize(fixture, chosen, ids=[a.name for a in chosen], scope="session")
+        if fixture not in metafunc.fixturenames:
+            continue
+        chosen = [a for a in impls if _kind(a) == kind]
+        if cells is None or "dtype" not in metafunc.fixturenames:
+            metafunc.parametrize(fixture, chosen, ids=[a.name for a in chosen], indirect=True)
+            continue
+        replay = state.session.replay
+        pairs = [(a, d) for a in chosen for d in cells if d in getattr(a, "dtypes", ())
+                 and (replay is None or getattr(replay, "dtype", d) == d)]
+        metafunc.parametrize((fixture, "dtype"), pairs, ids=[f"{a.name}-{d}" for a, d in pairs],
+                             indirect=[fixture])
+
+
+def _subject(request: pytest.FixtureRequest) -> harness.Subject:
+    state = _state(request.config)
+    item = request.node
+    adapter = request.param
+    callspec = getattr(item, "callspec", None)
+    dtype = callspec.params.get("dtype") if callspec is not None else None
+    rec = harness.TestRecord(item.nodeid, getattr(item, "originalname", item.name), _clauses_of(item),
+                             adapter.name, dtype=dtype)
+    item.stash[RECORD_KEY] = rec
+    return harness.Subject(adapter, rec, state.session)
+
+
+@pytest.fixture
+def impl(request: pytest.FixtureRequest) -> harness.Subject:
+    """The attention implementation under test, bound to this test's record."""
+    return _subject(request)
+
+
+@pytest.fixture
+def layer_impl(request: pytest.FixtureRequest) -> harness.Subject:
+    """The multi-head attention layer under test, bound to this test's record."""
+    return _subject(request)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if RECORD_KEY not in config.stash:
+    if _state(config) is None:
         if any(Path(str(item.path)).resolve().parent == SUITE_DIR for item in items):
             _usage(f"--backend is required to run the attnconf suite; choose from: {', '.join(adapters.BACKENDS)} "
                    f"(installed here: {', '.join(adapters.available_backends())})")
@@ -164,12 +281,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _impl_of(item: pytest.Item) -> str:
+    rec = item.stash.get(RECORD_KEY, None)
+    if rec is not None:
+        return rec.implementation
     callspec = getattr(item, "callspec", None)
     if callspec is not None:
         for name in ("impl", "layer_impl"):
             if name in callspec.params and isinstance(callspec.params[name], adapters.Adapter):
                 return callspec.params[name].name
     return "-"
+
+
+def _dtype_of(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("dtype") if callspec is not None else None
 
 
 def _clauses_of(item: pytest.Item) -> list[str]:
@@ -179,52 +304,69 @@ def _clauses_of(item: pytest.Item) -> list[str]:
     return out
 
 
+# ---- running ------------------------------------------------------------------------------------
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    state = _state(item.config)
+    if state is not None and _impl_of(item) != "-" and state.session.out_of_time():
+        item.stash[RESULT_KEY] = {"status": "not_run"}
+        pytest.skip(f"not run: the run's --run-timeout of {item.config.getoption('--run-timeout'):g} s is spent")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    if RECORD_KEY not in item.config.stash:
+    state = _state(item.config)
+    if state is None:
         return (yield)
-    harness.begin(harness.TestRecord(item.nodeid, item.originalname if hasattr(item, "originalname") else item.name,
-                                     _clauses_of(item), _impl_of(item)))
-    item._attnconf_started = time.time()
+    item.stash[RESULT_KEY] = {"started": time.time()}
     result = yield
-    rec = harness._CURRENT
+    rec = item.stash.get(RECORD_KEY, None)
     if rec is not None and rec.examples and rec.unsupported == rec.examples and not rec.divergent:
         pytest.skip(f"unsupported: {'; '.join(sorted(rec.unsupported_reasons))}")
+    if rec is not None and any(m.name == "attnconf_opt_in" for m in item.iter_markers()) and not rec.checked:
+        item.stash[RESULT_KEY]["status"] = "not_requested"
     return result
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
-    if RECORD_KEY not in item.config.stash:
+    state = _state(item.config)
+    if state is None:
         return report
     if call.when == "setup" and report.skipped and _impl_of(item) != "-":
-        # (a test with no implementation of its kind, e.g. no layer adapter, leaves no record)
-        report.user_properties.append(("attnconf", _record(item, None, "unsupported", _skip_reason(report))))
+        status = item.stash.get(RESULT_KEY, {}).get("status", "unsupported")
+        report.user_properties.append(("attnconf", _record(item, None, status, _skip_reason(report))))
     if call.when != "call":
         return report
-    rec = harness.end()
+    rec = item.stash.get(RECORD_KEY, None)
     exc = _primary(call.excinfo.value) if call.excinfo is not None else None
+    clause = None
     if report.passed:
         status = "divergent" if rec is not None and rec.divergent else "pass"
         message = None
     elif report.skipped:
-        status, message = "unsupported", _skip_reason(report)
+        status = item.stash.get(RESULT_KEY, {}).get("status") or "unsupported"
+        message = _skip_reason(report)
     elif isinstance(exc, harness.KernelAborted):
-        status, message = exc.status, exc.detail
+        status, message, clause = exc.status, exc.detail, "ATTN-OP-1"
     elif isinstance(exc, harness.ConformanceFailure):
-        status, message = "fail", str(exc).splitlines()[0]
+        status, message, clause = "fail", str(exc).splitlines()[0], exc.clause
     else:
-        status, message = "error", f"{type(exc).__name__}: {exc}".splitlines()[0] if exc is not None else "error"
+        status = "error"
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0] if exc is not None else "error"
+    if status == "pass" and item.stash.get(RESULT_KEY, {}).get("status") == "not_requested":
+        status = "not_requested"
     record = _record(item, rec, status, message)
+    record["failed_clause"] = clause
     if status in FAILING and rec is not None:
         case = getattr(exc, "case", None) or rec.current_case
         if case is not None:
             record["case"] = case.summary()
             try:
                 path = _save_failure(item, case)
-            except Exception as exc:  # never lose the record because a case could not be saved
-                report.sections.append(("attnconf replay", f"could not save the failing case: {exc}"))
+            except Exception as err:  # never lose the record because a case could not be saved
+                report.sections.append(("attnconf replay", f"could not save the failing case: {err}"))
             else:
                 record["failure_file"] = str(path)
                 record["replay"] = _replay_command(item, path)
@@ -250,18 +392,21 @@ def _skip_reason(report: pytest.TestReport) -> str:
 
 
 def _record(item: pytest.Item, rec: harness.TestRecord | None, status: str, message: str | None) -> dict[str, Any]:
-    started = getattr(item, "_attnconf_started", None)
+    started = item.stash.get(RESULT_KEY, {}).get("started")
     return {
         "nodeid": item.nodeid, "test": getattr(item, "originalname", item.name), "clauses": _clauses_of(item),
-        "implementation": _impl_of(item), "status": status,
+        "implementation": _impl_of(item), "dtype": _dtype_of(item), "status": status,
         "divergences": sorted(rec.divergences) if rec else [],
         "examples": rec.examples if rec else 0,
+        "examples_checked": rec.checked if rec else 0,
         "examples_unsupported": rec.unsupported if rec else 0,
         "examples_divergent": rec.divergent if rec else 0,
+        "divergent_by_entry": dict(rec.divergent_by_entry) if rec else {},
+        "conformed_in_region": dict(rec.conformed_in_region) if rec else {},
         "unsupported_reasons": sorted(rec.unsupported_reasons)[:10] if rec else ([message] if message else []),
         "ratios": rec.ratios if rec else {}, "samples": rec.samples if rec else [],
         "observations": rec.observations if rec else [], "panel": rec.panel if rec else [],
-        "message": message, "case": None, "replay": None, "failure_file": None,
+        "message": message, "case": None, "replay": None, "failure_file": None, "failed_clause": None,
         "duration_s": round(time.time() - started, 3) if started else 0.0,
     }
 
@@ -289,33 +434,19 @@ def _replay_command(item: pytest.Item, path: Path) -> str:
              f"--device={cfg.getoption('--device')}"]
     if cfg.getoption("--kernel"):
         parts.append(f"--kernel={cfg.getoption('--kernel')}")
+        for opt in ("--convention", "--capabilities"):
+            if cfg.getoption(opt):
+                parts.append(f"{opt}={cfg.getoption(opt)}")
     else:
         parts.append(f"--impl={_impl_of(item)}")
     if cfg.getoption("--allow-tf32"):
         parts.append("--allow-tf32")
     if cfg.getoption("--isolate"):
         parts.append("--isolate")
+    if cfg.getoption("--divergences-dir"):
+        parts.append(f"--divergences-dir={cfg.getoption('--divergences-dir')}")
     parts.append(f"--replay={path}")
     return " ".join(shlex.quote(p) for p in parts)
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Collect records on the controller (works with and without pytest-xdist)."""
-    cfg = _CONFIG
-    if cfg is None or RECORD_KEY not in cfg.stash:
-        return
-    for key, value in report.user_properties:
-        if key == "attnconf":
-            cfg.stash[RECORD_KEY]["records"].append(value)
-
-
-_CONFIG: pytest.Config | None = None
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    global _CONFIG
-    _CONFIG = session.config
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
@@ -326,41 +457,7 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
     return None
 
 
-# ---- the end of the run: verdict and report -----------------------------
-
-def verdict(records: list[dict[str, Any]]) -> dict[str, Any]:
-    failed = sorted({c for r in records if r["status"] in FAILING for c in r["clauses"]})
-    divs = sorted({d for r in records for d in r["divergences"]})
-    if any(r["status"] in FAILING for r in records):
-        v = "NONCONFORMANT"
-    elif divs:
-        v = "CONFORMANT_WITH_DIVERGENCES"
-    else:
-        v = "CONFORMANT"
-    return {"verdict": v, "divergences": divs, "failed_clauses": failed}
-
-
-def verdict_line(v: dict[str, Any]) -> str:
-    if v["verdict"] == "CONFORMANT_WITH_DIVERGENCES":
-        return f"CONFORMANT_WITH_DIVERGENCES[{', '.join(v['divergences'])}]"
-    if v["verdict"] == "NONCONFORMANT":
-        return f"NONCONFORMANT (failed clauses: {', '.join(v['failed_clauses']) or 'none cited'})"
-    return "CONFORMANT"
-
-
-def coverage(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    cov = {cid: {"passed": 0, "run": 0, "total": 0} for cid in spec.clauses()}
-    for r in records:
-        for c in r["clauses"]:
-            if c not in cov:
-                continue
-            cov[c]["total"] += 1
-            if r["status"] != "unsupported":
-                cov[c]["run"] += 1
-            if r["status"] in ("pass", "divergent"):
-                cov[c]["passed"] += 1
-    return cov
-
+# ---- the end of the run: cells, verdict and report ---------------------------------------------
 
 def _git_revision() -> str | None:
     try:
@@ -370,11 +467,11 @@ def _git_revision() -> str | None:
         return None
 
 
-def _environment(config: pytest.Config, state: dict[str, Any]) -> dict[str, Any]:
+def _environment(config: pytest.Config, state: RunState) -> dict[str, Any]:
     import numpy as np
 
     described = {}
-    for a in state["impls"]:
+    for a in state.session.impls:
         try:
             described[a.name] = a.describe()
         except Exception as exc:  # describe() of a broken kernel must not lose the run
@@ -385,95 +482,182 @@ def _environment(config: pytest.Config, state: dict[str, Any]) -> dict[str, Any]
             frameworks[d["framework"]] = d["version"]
     first = next(iter(described.values()), {})
     prof = settings.default
+    from .divergences import cpu_flags
+
     return {
-        "suite_version": SUITE_VERSION, "git_revision": _git_revision(), "spec_hash": spec.spec_hash(),
-        "backend": state["backend"], "device": config.getoption("--device"),
+        "suite_version": SUITE_VERSION, "git_revision": _git_revision(),
+        "spec_hash": spec.spec_hash(), "backend": state.session.backend, "device": config.getoption("--device"),
         "device_name": first.get("device_name") or platform.processor() or platform.machine(),
         "compute_capability": first.get("compute_capability"),
         "frameworks": frameworks, "python": platform.python_version(), "platform": platform.platform(),
-        "precision_flags": {"allow_tf32": bool(state["options"]["allow_tf32"]),
+        "cpu_flags": sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "sse4", "fma", "f16c"))),
+        "precision_flags": {"allow_tf32": bool(state.session.options["allow_tf32"]),
                             **{k: v for d in described.values() if isinstance(d, dict)
                                for k, v in (d.get("precision_flags") or {}).items()}},
         "hypothesis": {"profile": config.getoption("--hypothesis-profile", default=None) or "dev",
                        "seed": config.getoption("--hypothesis-seed", default=None),
                        "max_examples": prof.max_examples, "derandomize": prof.derandomize},
-        "kernel": config.getoption("--kernel"), "isolated": bool(config.getoption("--isolate")),
+        "kernel": config.getoption("--kernel"), "convention": config.getoption("--convention"),
+        "isolated": bool(config.getoption("--isolate")),
+        "run_timeout_s": config.getoption("--run-timeout"), "case_timeout_s": config.getoption("--case-timeout"),
         "implementations": described,
+        "scopes": {a.name: _scope(a) for a in state.session.impls},
     }
 
 
-def _run_file(config: pytest.Config) -> dict[str, Any]:
-    state = config.stash[RECORD_KEY]
-    records = state["records"]
+def _scope(adapter) -> dict[str, Any]:
+    declared = adapter.scope() if callable(getattr(adapter, "scope", None)) else {}
+    return {"kind": _kind(adapter), "dtypes": list(getattr(adapter, "dtypes", ())),
+            "features": sorted(getattr(adapter, "capabilities", ())),
+            "max_head_dim": getattr(adapter, "max_head_dim", None), **(declared or {})}
+
+
+def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:
+    state = _state(config)
+    session = state.session
+    records = [dict(r) for r in state.records]
     observations = [o for r in records for o in r.pop("observations", [])]
     panel: dict[str, list] = {}
     for r in records:
         for entry in r.pop("panel", []):
             panel.setdefault(r["implementation"], []).append(entry)
+    witnessed: dict[str, dict[str, Any]] = {}
+    for o in observations:
+        if o["clause"] == "WITNESS":
+            witnessed[o["key"]] = o["value"]
+    observations = [o for o in observations if o["clause"] not in ("WITNESS",)]
     seen = {d for r in records for d in r["divergences"]}
-    witnessed = {o["key"]: o["value"] for o in observations if o["clause"] == "WITNESS"}
-    divs = [{"id": e["id"], "clause": e["clause"], "kind": e["kind"], "region": e["region"], "reason": e["reason"],
-             "link": e.get("link") or None, "implementations": e["implementations"], "observed": e["id"] in seen,
-             "witness": witnessed.get(e["id"], "not run")} for e in state["entries"]]
-    observations = [o for o in observations if o["clause"] != "WITNESS"]
+    entries = {e["id"]: e for e in session.entries}
+    floor = spec.coverage()["min_examples"]
+    impls = {a.name: {"kind": _kind(a), "dtypes": list(getattr(a, "dtypes", ()))} for a in session.impls}
+    if state.plan is None:
+        state.plan = plan()
+    cells = build_cells(records, impls, state.plan, entries)
+    stale = sorted(eid for eid, w in witnessed.items()
+                   if isinstance(w, dict) and str(w.get("status", "")).startswith("stale"))
+    complete = final and not state.interrupted and not session.out_of_time()
+    v = decide(cells, records, floor=floor, complete=complete, apply_floor=session.replay is None, stale=stale)
+    if not final:
+        v["verdict"] = "INCOMPLETE"
+        v["incomplete_reasons"] = ["the run is still going (or was stopped before its end)"]
+    divs = []
+    for e in session.entries:
+        w = witnessed.get(e["id"])
+        divs.append({"id": e["id"], "clause": e["clause"], "kind": e["kind"], "region": e["region"],
+                     "instead": e["instead"], "quantities": e["quantities"], "dtypes": e["dtypes"],
+                     "bound": e.get("bound"), "value": e.get("value"), "when": e["when"],
+                     "holds": e["holds"], "condition": e["condition"], "reason": e["reason"],
+                     "measured": e.get("measured", ""), "link": e.get("link") or None,
+                     "implementations": e["implementations"], "observed": e["id"] in seen,
+                     "witness": e["witness"],
+                     "witness_status": (w or {}).get("status", "not run") if isinstance(w, dict) else str(w or "not run"),
+                     "witness_detail": (w or {}).get("detail", "") if isinstance(w, dict) else ""})
     stamp = _dt.datetime.now(_dt.timezone.utc)
-    env = _environment(config, state)
+    if state.environment is None:
+        state.environment = _environment(config, state)
+    env = state.environment
     return {
-        "schema_version": 1,
-        "run_id": f"{state['backend']}-{env['device']}-{stamp:%Y%m%dT%H%M%S}-{os.getpid():x}",
-        "created": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "schema_version": 2,
+        "run_id": f"{session.backend}-{env['device']}-{dt_stamp(state.started)}-{os.getpid():x}",
+        "created": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"), "complete": complete,
+        "duration_s": round(time.time() - state.started, 1),
         "environment": env, "records": records, "observations": observations, "panel": panel,
-        "clause_coverage": coverage(records), "divergences": divs, "verdict": verdict(records),
+        "cells": [c.as_dict(floor) for c in sorted(cells.values(), key=lambda c: (c.implementation, c.clause, c.dtype))],
+        "divergences": divs, "verdict": v,
     }
+
+
+def dt_stamp(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+
+
+def _write_partial(config: pytest.Config, *, force: bool = False) -> None:
+    state = _state(config)
+    path = config.getoption("--report")
+    if state is None or not path or state.run is not None:
+        return
+    now = time.time()
+    if not force and now - state.last_write < WRITE_EVERY_S:
+        return
+    state.last_write = now
+    try:
+        _write_run(Path(path), _run_file(config, final=False))
+    except Exception as exc:  # a partial write must never stop the run
+        sys.stderr.write(f"attnconf: could not update {path}: {type(exc).__name__}: {exc}\n")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if RECORD_KEY not in config.stash or getattr(config, "workerinput", None) is not None:
+    state = _state(config)
+    if state is None or getattr(config, "workerinput", None) is not None:
         return
-    run = _run_file(config)
-    config.stash[RECORD_KEY]["run"] = run
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        state.interrupted = True
+    run = _run_file(config, final=True)
+    state.run = run
     path = config.getoption("--report")
     if path:
         _write_run(Path(path), run)
+    v = run["verdict"]["verdict"]
+    if v == "INCOMPLETE" and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.INTERRUPTED if session.exitstatus == 0 else session.exitstatus
+    if v == "NONCONFORMANT" and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _write_run(path: Path, run: dict[str, Any]) -> None:
-    try:
-        from attnconf.reports import runfile
+    from attnconf.reports import runfile
 
-        runfile.write(path, run)
-    except ImportError:
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(run, indent=1, default=str))
-        tmp.replace(path)
+    runfile.write(path, run)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    state = config.stash.get(RECORD_KEY, None)
-    if not state or "run" not in state:
+    state = _state(config)
+    if state is None or state.run is None:
         return
-    run = state["run"]
+    run = state.run
     tr = terminalreporter
     tr.section("attnconf")
     counts: dict[str, int] = {}
     for r in run["records"]:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    tr.write_line(f"backend {state['backend']} on {run['environment']['device']}: "
+    tr.write_line(f"backend {state.session.backend} on {run['environment']['device']}: "
                   + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    for name in sorted({r["implementation"] for r in run["records"]}):
+    cells: dict[str, dict[str, int]] = {}
+    for c in run["cells"]:
+        cells.setdefault(c["implementation"], {}).setdefault(c["status"], 0)
+        cells[c["implementation"]][c["status"]] += 1
+    for name in sorted(cells):
         worst = {}
         for r in run["records"]:
             if r["implementation"] == name:
                 for dt, v in r["ratios"].items():
                     worst[dt] = max(worst.get(dt, 0.0), v["max"])
-        if worst:
-            tr.write_line(f"  {name}: worst error ratio " + ", ".join(f"{d} {v:.2f}" for d, v in sorted(worst.items())))
+        tail = ("; worst error ratio " + ", ".join(f"{d} {v:.2f}" for d, v in sorted(worst.items()))) if worst else ""
+        tr.write_line(f"  {name}: clause x dtype cells " + ", ".join(f"{n} {s}" for s, n in sorted(cells[name].items()))
+                      + tail)
+    v = run["verdict"]
+    for f in v.get("failures", []):
+        tr.write_line(f"  FAILED {f['clause']} ({f['implementation']}, {f['dtype']}): {f.get('message')}")
+        if f.get("case"):
+            tr.write_line(f"    case: {f['case']}")
+        if f.get("replay"):
+            tr.write_line(f"    replay: {f['replay']}")
     for r in run["records"]:
-        if r["status"] in FAILING:
+        if r["status"] in FAILING and r.get("failed_clause") is None:
             tr.write_line(f"  {r['status'].upper()} {r['nodeid']}: {r['message']}")
-            if r.get("replay"):
-                tr.write_line(f"    replay: {r['replay']}")
-    tr.write_line(f"verdict: {verdict_line(run['verdict'])}", bold=True)
+    for d in run["divergences"]:
+        if not d["holds"]:
+            tr.write_line(f"  divergence {d['id']} inactive here ({d['condition']}); witness: {d['witness_status']}")
+        elif str(d["witness_status"]).startswith("stale"):
+            tr.write_line(f"  STALE divergence {d['id']}: its witness conforms now ({d['witness_detail']}); "
+                          f"remove or narrow the entry", yellow=True)
+    missing = v.get("missing") or []
+    if missing and v["verdict"] == "INCOMPLETE":
+        shown = ", ".join(f"{m['implementation']} {m['clause']} {m['dtype']} ({m['status']}, {m['checked']})"
+                          for m in missing[:12])
+        tr.write_line(f"  cells missing the floor of {v['floor']} example(s): {shown}"
+                      + (f" and {len(missing) - 12} more" if len(missing) > 12 else ""))
+    tr.write_line(f"verdict: {verdict_line(v)}", bold=True)
     if config.getoption("--report"):
         tr.write_line(f"report: {config.getoption('--report')}")

@@ -1,125 +1,206 @@
-"""Named input regions: the predicates that divergence entries refer to.
+"""Named input regions: which elements of a case a divergence entry covers.
 
-A divergence covers a region of the input space, not a list of test ids, so
-that inside a Hypothesis test a generated case in the region is recorded as
-DIVERGENT(id) and everything outside stays strict. Each predicate takes a
-`Case` and returns bool; register it with @region.
+A divergence covers a region of the input space, not a list of test ids, and
+inside a case only the elements its region names: a generated case is checked
+as usual everywhere else. A region is a function of the `Case` (or `LayerCase`)
+that returns either
+
+- a bool: a *case* region, covering every element of the cases it matches, or
+- a bool array of query rows, (B, Hq, Lq) for attention and (B, Lq) for a layer:
+  a *row* region, covering those rows' outputs and lse, their dQ and dBias, and
+  the dK/dV rows of the keys they could reach.
+
+Register with @region; divergence files name regions by function name.
+Backend-specific regions live in `conformance/regions_<backend>.py` beside this
+module and are imported by `load_all()`.
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Callable
 
 import numpy as np
 
-from attnconf.reference import Case, oracle
+from attnconf.reference import Case, expand_kv, oracle
 
-REGIONS: dict[str, Callable[[Case], bool]] = {}
+RegionResult = bool | np.ndarray
+REGIONS: dict[str, Callable[[Case], RegionResult]] = {}
+CASE_REGIONS: set[str] = set()
 
 
-def region(fn: Callable[[Case], bool]) -> Callable[[Case], bool]:
+def region(fn: Callable[[Case], RegionResult]) -> Callable[[Case], RegionResult]:
     REGIONS[fn.__name__] = fn
     return fn
 
 
+def case_region(fn: Callable[[Case], bool]) -> Callable[[Case], bool]:
+    """A region that covers whole cases (its function returns a bool)."""
+    CASE_REGIONS.add(fn.__name__)
+    return region(fn)
+
+
+def is_layer(case) -> bool:
+    return hasattr(case, "num_heads")
+
+
+def _layer_empty_rows(case) -> np.ndarray:
+    """(B, Lq) rows of a layer case whose mask (and causal alignment) hide every key."""
+    B, Lq, Lk = case.x_q.shape[0], case.x_q.shape[1], case.x_k.shape[1]
+    vis = np.ones((B, Lq, Lk), dtype=bool) if case.mask is None else np.broadcast_to(case.mask, (B, Lq, Lk))
+    if case.causal == "top_left":
+        vis = vis & (np.arange(Lk)[None, :] <= np.arange(Lq)[:, None])
+    return ~vis.any(axis=-1)
+
+
+# ---- row regions -----------------------------------------------------------------
+
 @region
-def any(case: Case) -> bool:  # noqa: A001 (the region is called "any" in divergence files)
+def fully_masked_rows(case) -> np.ndarray:
+    """Rows that see no key, whatever hid them (mask, -inf bias, causal, window, padding)."""
+    if is_layer(case):
+        return _layer_empty_rows(case)
+    return ~oracle(case).visible.any(axis=-1)
+
+
+def mask_hidden_keys(case: Case) -> np.ndarray:
+    """(B, Hq, Lq, Lk): keys hidden by something other than the bias (the boolean mask, causal
+    alignment, a window, padding). An API that applies those as a large finite negative logit gives
+    a row that sees no key uniform weights over exactly these keys; keys hidden by -inf bias alone
+    keep weight 0."""
+    from attnconf.reference import visibility
+
+    s = case.shape
+    return ~visibility((s["B"], s["Hq"], s["Lq"], s["Lk"]), mask=case.mask, causal=case.causal,
+                       q_lengths=case.q_lengths, kv_lengths=case.kv_lengths, window=case.window,
+                       window_align=case.window_align)
+
+
+@region
+def mask_emptied_rows(case) -> np.ndarray:
+    """Empty rows in which some key is hidden by the boolean mask, causal alignment, a window or
+    padding (not only by -inf bias)."""
+    if is_layer(case):
+        return _layer_empty_rows(case)
+    return fully_masked_rows(case) & mask_hidden_keys(case).any(axis=-1)
+
+
+@region
+def bias_emptied_rows(case) -> np.ndarray:
+    """Empty rows in which no key is hidden by anything but -inf bias (or there is no key at all)."""
+    if is_layer(case):
+        return np.zeros(case.x_q.shape[:2], dtype=bool)
+    return fully_masked_rows(case) & ~mask_hidden_keys(case).any(axis=-1)
+
+
+@region
+def padded_query_rows(case) -> np.ndarray:
+    """Rows i >= q_lengths[b]."""
+    s = case.shape
+    rows = np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    if case.q_lengths is not None:
+        for b, n in enumerate(case.q_lengths):
+            rows[b, :, int(n):] = True
+    return rows
+
+
+@region
+def overflowing_logit_rows(case) -> np.ndarray:
+    """float16 rows where some unscaled |q.k| exceeds float16's max (65504), at a visible or a
+    hidden key: computing Q K^T in float16 before scaling overflows there."""
+    s = case.shape
+    if case.dtype != "float16":
+        return np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    with np.errstate(all="ignore"):
+        raw = np.abs(np.einsum("bhid,bhjd->bhij", case.q, expand_kv(case.k, s["Hq"])))
+    return (raw > 65504.0).any(axis=-1)
+
+
+@region
+def masked_logit_beats_finite_mask_bias(case) -> np.ndarray:
+    """Rows where a hidden key's logit exceeds the row's largest visible logit by more than
+    32768 - 40: a kernel that applies a boolean mask as a finite bias of about -32768 (float16's
+    usual choice) lets that key through."""
+    f = oracle(case)
+    hidden = ~f.visible & np.isfinite(f.logits)
+    top_visible = np.where(f.visible, f.logits, -np.inf).max(axis=-1, keepdims=True, initial=-np.inf)
+    return (hidden & (f.logits - 32768.0 > top_visible - 40.0)).any(axis=-1)
+
+
+# ---- case regions ----------------------------------------------------------------
+
+@case_region
+def any(case) -> bool:  # noqa: A001 (the region is called "any" in divergence files)
     return True
 
 
-@region
-def fully_masked_rows(case: Case) -> bool:
-    """Some query row sees no key (mask, -inf bias, causal, padding). Also for layer cases."""
-    if hasattr(case, "num_heads"):  # reference.layer.LayerCase
-        return case.mask is not None and bool((~case.mask.any(axis=-1)).any())
-    vis = oracle(case).visible
-    return bool(vis.shape[-1] == 0 or (~vis.any(axis=-1)).any())
-
-
-@region
-def padded_query_rows(case: Case) -> bool:
-    return case.q_lengths is not None and bool((case.q_lengths < case.shape["Lq"]).any())
-
-
-@region
-def dtype_float64(case: Case) -> bool:
+@case_region
+def dtype_float64(case) -> bool:
     return case.dtype == "float64"
 
 
-@region
-def causal_bottom_right(case: Case) -> bool:
-    return case.causal == "bottom_right"
+@case_region
+def float64_scale_not_float32(case) -> bool:
+    """float64 case whose effective scale is not exactly a float32 (an API that rounds the scale
+    to float32 loses it). A layer's scale is 1/sqrt(head_dim)."""
+    s = 1.0 / np.sqrt(case.head_dim) if is_layer(case) else case.effective_scale
+    return case.dtype == "float64" and float(np.float32(s)) != s
 
 
-@region
-def mask_with_causal(case: Case) -> bool:
-    return case.causal is not None and (case.mask is not None or case.bias is not None)
-
-
-@region
-def kv_length_mismatch(case: Case) -> bool:
-    """K and V disagree in length (an invalid case, ATTN-OP-6)."""
+@case_region
+def kv_length_mismatch(case) -> bool:
+    """K and V disagree in length (an invalid call, ATTN-OP-6)."""
     return case.k.shape[2] != case.v.shape[2]
 
 
-@region
-def rank1_mask(case: Case) -> bool:
+@case_region
+def rank1_mask(case) -> bool:
     """A boolean mask of shape (Lk,), broadcast over batch, heads and queries."""
     return case.mask is not None and case.mask.ndim == 1
 
 
-@region
-def masked_logit_beats_finite_mask_bias(case: Case) -> bool:
-    """A hidden key's logit exceeds its row's largest visible logit by more than 32768 - 40: a kernel
-    that applies a boolean mask as a finite bias of about -32768 (float16's usual choice) lets it through."""
-    f = oracle(case)
-    hidden = ~f.visible & np.isfinite(f.logits)
-    if not hidden.any():
-        return False
-    top_visible = np.where(f.visible, f.logits, -np.inf).max(axis=-1, keepdims=True)
-    return bool((hidden & (f.logits - 32768.0 > top_visible - 40.0)).any())
-
-
-@region
-def negative_scale_is_causal(case: Case) -> bool:
+@case_region
+def negative_scale_is_causal(case) -> bool:
     """A negative custom scale with top-left causal masking alone (what reaches SDPA as is_causal=True)."""
     return (case.scale is not None and case.scale < 0 and case.causal == "top_left" and case.mask is None
             and case.bias is None and case.q_lengths is None and case.kv_lengths is None)
 
 
-@region
-def single_query_single_key(case: Case) -> bool:
+@case_region
+def single_query_single_key(case) -> bool:
     """Lq = Lk = 1: the products degenerate to elementwise ones."""
     return case.shape["Lq"] == 1 and case.shape["Lk"] == 1
 
 
-@region
-def neg_inf_bias(case: Case) -> bool:
-    return case.bias is not None and bool(np.isneginf(case.bias).any())
-
-
-# ---- appended for the tensorflow backend (adapters/tensorflow.py) ----------
-@region
-def multi_query(case: Case) -> bool:
+@case_region
+def multi_query(case) -> bool:
     """One KV head shared by several query heads (MQA, ATTN-GQA-2)."""
     s = case.shape
     return s["Hkv"] == 1 and s["Hq"] > 1
 
 
-@region
-def float64_scale_not_float32(case: Case) -> bool:
-    """float64 case whose effective scale is not exactly a float32 (an API that rounds the scale to float32 loses it)."""
-    s = 1.0 / np.sqrt(case.head_dim) if hasattr(case, "num_heads") else case.effective_scale  # layer: 1/sqrt(d)
-    return case.dtype == "float64" and float(np.float32(s)) != s
+# ---- what a region covers ------------------------------------------------------------
+
+def rows_of(name: str, case) -> np.ndarray | None:
+    """The covered rows of `case` for region `name`: a bool row array, or None for "the whole case"
+    (a case region that matches). An empty array means the region does not touch the case."""
+    try:
+        got = REGIONS[name](case)
+    except Exception:  # a predicate that cannot judge this case (e.g. invalid shapes) does not cover it
+        got = False
+    if isinstance(got, (bool, np.bool_)):
+        return None if got else np.zeros(0, dtype=bool)
+    return np.asarray(got, dtype=bool)
 
 
-@region
-def float16_unscaled_logit_overflow(case: Case) -> bool:
-    """float16 case where some unscaled logit |q.k| exceeds float16's max (65504): scaling after the matmul
-    overflows. Hidden positions count too: an inf there meets a -inf bias as NaN (measured, seed 10)."""
-    if case.dtype != "float16":
-        return False
-    from attnconf.reference import expand_kv  # noqa: PLC0415
+def touches(rows: np.ndarray | None) -> bool:
+    return rows is None or bool(rows.any())
 
-    with np.errstate(all="ignore"):
-        raw = np.abs(np.einsum("bhid,bhjd->bhij", case.q, expand_kv(case.k, case.shape["Hq"])))
-    return bool((raw > 65504.0).any())
+
+def load_all() -> None:
+    """Import every `regions_<backend>.py` beside this module (their @region functions register)."""
+    import attnconf.conformance as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name.startswith("regions_"):
+            importlib.import_module(f"attnconf.conformance.{info.name}")

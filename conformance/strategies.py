@@ -5,10 +5,21 @@ shrink); the array values come from a NumPy generator seeded by a drawn seed
 (so they are cheap and a case replays from its seed). Sizes are bounded so
 that one example costs milliseconds on a 2-core CPU: the product
 B * Hq * Lq * Lk * (Dk + Dv) stays under BUDGET.
+
+Generation happens inside a *cell*: the dtype of the pytest item being run and the
+declared scope of the implementation under test (features, dtypes, head dims,
+lengths), set by the harness with `cell(...)`. Every strategy draws its dtype with
+`dtype_choice` and asks `allows(feature)` before it draws a feature, so cases stay
+inside what the implementation declares (ATTN-SCOPE-1) and inside the cell's dtype.
 """
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
+from typing import Any, Iterator
+
 import numpy as np
+from hypothesis import reject
 from hypothesis import strategies as st
 
 from attnconf.reference import DTYPES, Case
@@ -23,9 +34,67 @@ GROUPS = (1, 2, 4, 8)
 REGIMES = ("ordinary", "large", "overflow", "mixed", "near_ties")
 FINITE_MAX = {"float64": 1e30, "float32": 1e30, "bfloat16": 1e30, "float16": 6e4}
 
+# (dtype, scope) of the cell being generated for; (None, None) outside a run (everything allowed).
+_CELL: ContextVar[tuple[str | None, dict[str, Any] | None]] = ContextVar("attnconf_cell", default=(None, None))
+
+
+@contextlib.contextmanager
+def cell(dtype: str | None, scope: dict[str, Any] | None) -> Iterator[None]:
+    """Generate for one dtype and inside one declared scope (see the module docstring)."""
+    token = _CELL.set((dtype, scope))
+    try:
+        yield
+    finally:
+        _CELL.reset(token)
+
+
+def allows(*features: str) -> bool:
+    """Whether the implementation under test declares every one of `features`."""
+    scope = _CELL.get()[1]
+    return scope is None or all(f in scope["features"] for f in features)
+
+
+def _limit(name: str):
+    scope = _CELL.get()[1]
+    return None if scope is None else scope.get(name)
+
+
+@st.composite
+def dtype_choice(draw, dtypes: tuple[str, ...] = DTYPES) -> str:
+    """The cell's dtype (rejecting the example if this strategy cannot make it), or a drawn one."""
+    fixed = _CELL.get()[0]
+    if fixed is None:
+        return draw(st.sampled_from(dtypes))
+    if fixed not in dtypes:
+        reject()
+    return fixed
+
+
+@st.composite
+def fixed_cases(draw, pool: tuple[Case, ...] | list[Case]) -> Case:
+    """One of the given fixed cases, of the cell's dtype."""
+    fixed = _CELL.get()[0]
+    mine = [c for c in pool if fixed is None or c.dtype == fixed]
+    if not mine:
+        reject()
+    return draw(st.sampled_from(mine))
+
+
+def dtypes_of(pool) -> tuple[str, ...]:
+    """The dtypes a list of fixed cases covers, in the spec's order."""
+    return tuple(d for d in DTYPES if any(c.dtype == d for c in pool))
+
+
+def _head_dims() -> tuple[int, ...]:
+    dims, cap = _limit("head_dims"), _limit("max_head_dim")
+    pool = tuple(d for d in HEAD_DIMS if (dims is None or d in dims) and (cap is None or d <= cap))
+    return pool or tuple(dims or (8,))
+
 
 @st.composite
 def lengths(draw, max_len: int = 385) -> int:
+    cap = _limit("max_seqlen")
+    max_len = max_len if cap is None else min(max_len, cap)
     pool = draw(st.sampled_from(("small", "small", "small", "medium", "large")))
     choices = {"small": SMALL_LENGTHS, "medium": MEDIUM_LENGTHS, "large": LARGE_LENGTHS}[pool]
     return draw(st.sampled_from([n for n in choices if n <= max_len] or [1]))
@@ -34,10 +103,12 @@ def lengths(draw, max_len: int = 385) -> int:
 @st.composite
 def shapes(draw, *, gqa: bool = True, cross: bool = True, dv_ne_dk: bool = True, max_len: int = 385,
            same_d: bool = False) -> dict[str, int]:
+    cross, gqa = cross and allows("cross"), gqa and allows("gqa")
+    dv_ne_dk = dv_ne_dk and allows("dv_ne_dk")
     lq = draw(lengths(max_len))
     lk = draw(lengths(max_len)) if cross and draw(st.booleans()) else lq
-    dk = draw(st.sampled_from(HEAD_DIMS))
-    dv = draw(st.sampled_from(HEAD_DIMS)) if dv_ne_dk and not same_d and draw(st.integers(0, 3)) == 0 else dk
+    dk = draw(st.sampled_from(_head_dims()))
+    dv = draw(st.sampled_from(_head_dims())) if dv_ne_dk and not same_d and draw(st.integers(0, 3)) == 0 else dk
     hkv = draw(st.sampled_from((1, 2, 1, 3)))
     group = draw(st.sampled_from(GROUPS)) if gqa else 1
     b = draw(st.sampled_from((1, 2, 3)))
@@ -52,7 +123,7 @@ def shapes(draw, *, gqa: bool = True, cross: bool = True, dv_ne_dk: bool = True,
             group = max(1, group // 2)
             hq = hkv * group
     if b * hq * lq * lk * (dk + dv) > BUDGET:
-        dk = dv = 8
+        dk = dv = min(_head_dims(), key=lambda d: abs(d - 8))
     return {"B": b, "Hq": hq, "Hkv": hkv, "Lq": lq, "Lk": lk, "Dk": dk, "Dv": dv}
 
 
@@ -84,8 +155,14 @@ def mask_params(draw, rng: np.random.Generator, s: dict[str, int], *, causal: bo
                 padding: bool = True, bias: bool = True, empty_rows: bool = True) -> dict:
     b, hq, lq, lk = s["B"], s["Hq"], s["Lq"], s["Lk"]
     p: dict = {}
-    if causal:
-        p["causal"] = draw(st.sampled_from((None, None, "top_left", "bottom_right")))
+    alignments = tuple(a for a in ("top_left", "bottom_right") if allows("causal_" + a))
+    if lq != lk and not allows("cross"):
+        alignments = ()
+    if causal and alignments:
+        p["causal"] = draw(st.sampled_from((None, None) + alignments))
+    masks, bias = masks and allows("mask"), bias and allows("bias")
+    if p.get("causal") and not allows("mask_with_causal"):
+        masks = bias = False
     if masks and draw(st.integers(0, 2)) == 0:
         density = draw(st.sampled_from((0.5, 0.9, 0.1)))
         mshape = draw(st.sampled_from(((b, 1, lq, lk), (1, 1, lq, lk), (b, hq, lq, lk), (lq, lk), (b, 1, 1, lk),
@@ -100,9 +177,9 @@ def mask_params(draw, rng: np.random.Generator, s: dict[str, int], *, causal: bo
         if draw(st.booleans()):
             bias_[rng.random(bshape) < 0.2] = -np.inf
         p["bias"] = bias_
-    if padding and draw(st.integers(0, 3)) == 0:
+    if padding and allows("kv_lengths") and draw(st.integers(0, 3)) == 0:
         p["kv_lengths"] = rng.integers(0 if empty_rows else 1, lk + 1, size=b)
-        if draw(st.booleans()):
+        if allows("q_lengths") and draw(st.booleans()):
             p["q_lengths"] = rng.integers(0 if empty_rows else 1, lq + 1, size=b)
     return p
 
@@ -114,17 +191,18 @@ def cases(draw, *, dtypes: tuple[str, ...] = DTYPES, regimes: tuple[str, ...] = 
           layouts: bool = True, grad: bool = False, max_len: int = 385) -> Case:
     """A validated Case anywhere in the spec's domain (restrict with the keyword switches)."""
     s = draw(shapes(gqa=gqa, cross=cross, dv_ne_dk=dv_ne_dk, max_len=max_len, same_d=same_d))
-    dtype = draw(st.sampled_from(dtypes))
+    dtype = draw(dtype_choice(dtypes))
     regime = draw(st.sampled_from(regimes))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     q, k, v = values(rng, s, regime, dtype)
     params = draw(mask_params(rng, s, causal=causal, masks=masks, padding=padding, bias=bias, empty_rows=empty_rows))
-    if custom_scale and draw(st.integers(0, 4)) == 0:
+    if custom_scale and allows("custom_scale") and draw(st.integers(0, 4)) == 0:
         params["scale"] = draw(st.sampled_from((0.5, 1.0, 0.125, 2.0, 0.01)))
     layout = "contiguous"
     if layouts:
-        layout = draw(st.sampled_from(("contiguous", "contiguous", "contiguous", "noncontiguous", "broadcast_kv")))
+        layout = draw(st.sampled_from(("contiguous", "contiguous", "contiguous")
+                                      + tuple(x for x in ("noncontiguous", "broadcast_kv") if allows(x))))
         if layout == "broadcast_kv":
             k = np.broadcast_to(k[:1], k.shape).copy()
             v = np.broadcast_to(v[:1], v.shape).copy()
@@ -191,14 +269,15 @@ def cases_with_shape(draw, *, lq: int, lk: int, hkv: int | None = None, group: i
     while b * hkv * group * lq * lk * 2 * dk > BUDGET and b > 1:
         b -= 1
     s = {"B": b, "Hq": hkv * group, "Hkv": hkv, "Lq": lq, "Lk": lk, "Dk": dk, "Dv": dk}
-    dtype = draw(st.sampled_from(switches.pop("dtypes", DTYPES)))
+    dtype = draw(dtype_choice(switches.pop("dtypes", DTYPES)))
     regime = draw(st.sampled_from(switches.pop("regimes", REGIMES)))
     layouts = switches.pop("layouts", True)
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     q, k, v = values(rng, s, regime, dtype)
     params = draw(mask_params(rng, s, **switches))
-    layout = draw(st.sampled_from(("contiguous", "contiguous", "noncontiguous", "broadcast_kv"))) if layouts \
+    layout = draw(st.sampled_from(("contiguous", "contiguous")
+                                  + tuple(x for x in ("noncontiguous", "broadcast_kv") if allows(x)))) if layouts \
         else "contiguous"
     if layout == "broadcast_kv":
         k, v = np.broadcast_to(k[:1], k.shape).copy(), np.broadcast_to(v[:1], v.shape).copy()
@@ -286,7 +365,7 @@ def empty_row_cases(draw, *, max_len: int = 33, dtypes: tuple[str, ...] = DTYPES
     if how == "bottom_right":
         s["Lq"] = max(s["Lq"], 2)
         s["Lk"] = draw(st.integers(1, s["Lq"] - 1))
-    dtype = draw(st.sampled_from(dtypes))
+    dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     q, k, v = values(rng, s, draw(st.sampled_from(("ordinary", "ordinary", "large"))), dtype)
@@ -326,7 +405,7 @@ def per_batch_mask_cases(draw, *, max_len: int = 33, dtypes: tuple[str, ...] = D
         s["Hq"] = s["Hkv"] = 1
         s["Dk"] = s["Dv"] = min(s["Dk"], 16)
     b, hq, lq, lk = s["B"], s["Hq"], s["Lq"], s["Lk"]
-    dtype = draw(st.sampled_from(dtypes))
+    dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     q, k, v = values(rng, s, "ordinary", dtype)
@@ -366,9 +445,9 @@ def two_key_cases(draw, *, dk=None, dtypes: tuple[str, ...] = DTYPES, custom_sca
 
     Each query is built so that scale * q_i.(k0 - k1) lies in +-[0.5, 2.5], where the
     recovered scale is well conditioned."""
-    d = draw(dk if dk is not None else st.sampled_from(HEAD_DIMS))
+    d = draw(dk if dk is not None else st.sampled_from(_head_dims()))
     dv = draw(st.sampled_from((d, d, 1, 2)))
-    dtype = draw(st.sampled_from(dtypes))
+    dtype = draw(dtype_choice(dtypes))
     hq, lq = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 3, 8)))
     scale = draw(st.sampled_from((None, None, None) + CUSTOM_SCALES)) if custom_scale else None
     seed = draw(st.integers(0, 2**32 - 1))
@@ -399,7 +478,7 @@ def dropout_cases(draw, *, dtypes: tuple[str, ...] = ("float32", "float64"),
     while b * hq * lq * lk < 64:
         hq *= 2
     d = draw(st.sampled_from((4, 8, 16)))
-    dtype = draw(st.sampled_from(dtypes))
+    dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**31))
     rng = np.random.default_rng(seed)
     q = 0.5 * rng.normal(size=(b, hq, lq, d))

@@ -16,7 +16,7 @@ import numpy as np
 
 from attnconf.adapters import Adapter
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, current, expect, expect_close, for_cases, observe, run
+from attnconf.conformance.harness import clauses, expect, expect_close, for_cases, observe, run
 from attnconf.reference import Case, causal_visible, oracle
 
 KEY = "forward_bitwise_deterministic"       # the ATTN-OP-7 observation
@@ -71,9 +71,9 @@ def deterministic(impl: Adapter, case: Case, first: np.ndarray) -> bool | None:
     if again is None:
         return None
     same = bool(np.array_equal(first, again.out, equal_nan=True))
-    seen = [o for o in current().observations if o["key"] == KEY]
+    seen = [o for o in impl.record.observations if o["key"] == KEY]
     if not same or not seen:                     # one row per test, plus every case that was not deterministic
-        observe("ATTN-OP-7", KEY, same, case)
+        observe(impl, "ATTN-OP-7", KEY, same, case)
     return same
 
 

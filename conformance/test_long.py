@@ -8,7 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from attnconf.conformance.harness import SESSION, clauses, expect, observe, run
+from attnconf.conformance.harness import clauses, expect, observe, run
 from attnconf.conformance.tolerance import rounding_noise
 from attnconf.reference import Case
 from attnconf.reference.tiled import tiled_forward
@@ -21,7 +21,7 @@ SAMPLED_ROWS = 64
 @pytest.mark.parametrize("length", LONG_LENGTHS)
 def test_long_sequences(impl, length):
     """At long lengths the kernel still agrees with the tiled float64 reference on sampled rows."""
-    if not SESSION.long:
+    if not impl.session.long:
         pytest.skip("long-sequence mode is off (run with --long)")
     rng = np.random.default_rng(length)
     d = 64
@@ -38,7 +38,7 @@ def test_long_sequences(impl, length):
         allowed = 2.0 * np.sqrt(length) * rounding_noise(want, dtype).max()
         err = float(np.abs(got - want).max())
         expect(np.isfinite(got).all(), "ATTN-LONG-1", f"non-finite output at L={length}", case, impl)
-        observe("ATTN-LONG-1", f"max_error_L{length}_{dtype}", err, case)
+        observe(impl, "ATTN-LONG-1", f"max_error_L{length}_{dtype}", err, case)
         expect(err <= allowed, "ATTN-LONG-1", f"L={length} {dtype}: max error {err:.3g} > {allowed:.3g}", case, impl)
         return
 
@@ -46,7 +46,7 @@ def test_long_sequences(impl, length):
 @clauses("ATTN-PROP-7")
 def test_memory_growth(impl):
     """Peak memory against L: fitted exponent about 2 for naive kernels, about 1 for tiled ones (recorded)."""
-    if not SESSION.measure_memory:
+    if not impl.session.measure_memory:
         pytest.skip("memory measurement is off (run with --measure-memory)")
     lengths = (512, 1024, 2048, 4096)
     peaks = []
@@ -58,8 +58,8 @@ def test_memory_growth(impl):
             pytest.skip(f"{impl.name} cannot run the memory cases")
         peaks.append(_peak_bytes(impl, case))
     slope = float(np.polyfit(np.log(lengths), np.log(np.maximum(peaks, 1)), 1)[0])
-    observe("ATTN-PROP-7", "memory_exponent", round(slope, 2))
-    observe("ATTN-PROP-7", "peak_bytes", dict(zip(map(str, lengths), map(int, peaks))))
+    observe(impl, "ATTN-PROP-7", "memory_exponent", round(slope, 2))
+    observe(impl, "ATTN-PROP-7", "peak_bytes", dict(zip(map(str, lengths), map(int, peaks))))
 
 
 def _warm_up(impl) -> None:
@@ -69,7 +69,7 @@ def _warm_up(impl) -> None:
 
 
 def _peak_bytes(impl, case) -> float:
-    if SESSION.device == "cuda":
+    if impl.session.device == "cuda":
         import torch
 
         torch.cuda.synchronize()

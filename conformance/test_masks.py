@@ -152,7 +152,7 @@ COMBINED = [
 
 
 @clauses("ATTN-MASK-1")
-@for_cases(hst.sampled_from(POLARITY), examples=POLARITY, weight=0.04)
+@for_cases(st.fixed_cases(POLARITY), examples=POLARITY, weight=0.04, dtypes=st.dtypes_of(POLARITY))
 def test_mask_polarity(impl, case):
     """True means "may attend": a one-key-per-row mask picks that key's value; key-padding masks
     of shape (B, 1, 1, Lk) hide keys, not queries."""
@@ -162,7 +162,7 @@ def test_mask_polarity(impl, case):
 
 
 @clauses("ATTN-MASK-4")
-@for_cases(hst.sampled_from(PADDING), examples=PADDING, weight=0.04)
+@for_cases(st.fixed_cases(PADDING), examples=PADDING, weight=0.04, dtypes=st.dtypes_of(PADDING))
 def test_padding_lengths(impl, case):
     """kv_lengths hide trailing keys per batch element; q_lengths empty trailing rows; lengths may be 0."""
     res = run(impl, case)
@@ -171,7 +171,7 @@ def test_padding_lengths(impl, case):
 
 
 @clauses("ATTN-MASK-6")
-@for_cases(hst.sampled_from(COMBINED), examples=COMBINED, weight=0.04)
+@for_cases(st.fixed_cases(COMBINED), examples=COMBINED, weight=0.04, dtypes=st.dtypes_of(COMBINED))
 def test_mask_combination(impl, case):
     """Mask, bias (with -inf), causal alignment and padding all restrict visibility together."""
     res = run(impl, case)
@@ -273,7 +273,7 @@ def test_nan_in_attended_input_is_recorded(impl):
             case, affected = _nan_case(dtype, where)
             outcome = _nan_outcome(impl, case, affected)
             if outcome is not None:
-                observe("ATTN-NAN-1", f"{dtype}: NaN in an attended {label}", outcome, case)
+                observe(impl, "ATTN-NAN-1", f"{dtype}: NaN in an attended {label}", outcome, case)
 
 
 @clauses("ATTN-NAN-2")
@@ -288,10 +288,10 @@ def test_nan_at_masked_position_is_recorded(impl):
                 case, _ = _nan_case(dtype, where, **params)
                 outcome = _nan_outcome(impl, case, np.zeros(case.out_shape[:3], bool))
                 if outcome is not None:
-                    observe("ATTN-NAN-2", f"{dtype}: NaN in {where} at a key hidden by {how}",
+                    observe(impl, "ATTN-NAN-2", f"{dtype}: NaN in {where} at a key hidden by {how}",
                             outcome, case)
         case, _ = _nan_case(dtype, "q", q_lengths=[1])
         outcome = _nan_outcome(impl, case, np.zeros(case.out_shape[:3], bool))
         if outcome is not None:
-            observe("ATTN-NAN-2", f"{dtype}: NaN in a padded query row",
+            observe(impl, "ATTN-NAN-2", f"{dtype}: NaN in a padded query row",
                     outcome, case)

@@ -54,12 +54,12 @@ def test_agreement_panel(impl):
         try:
             res = run(impl, case, divergence=False)
         except ConformanceFailure as exc:
-            record_panel({**entry, "status": "error", "message": str(exc).splitlines()[0]})
+            record_panel(impl, {**entry, "status": "error", "message": str(exc).splitlines()[0]})
             continue
         if res is None:
-            record_panel({**entry, "status": "unsupported"})
+            record_panel(impl, {**entry, "status": "unsupported"})
             continue
         j = judge_output(res.out, case)
         allowance = j.allowed_max if np.isfinite(j.allowed_max) else 0.0
-        record_panel({**entry, "status": "ran", "allowance": float(allowance),
+        record_panel(impl, {**entry, "status": "ran", "allowance": float(allowance),
                       "out_b64": base64.b64encode(np.ascontiguousarray(res.out, dtype="<f8").tobytes()).decode()})

@@ -73,10 +73,18 @@ def _ratio(e: float, base: float) -> float:
 
 
 def judge_arrays(actual: np.ndarray, ref: np.ndarray, base_err: np.ndarray, dtype: str, *,
-                 quantity: str = "out", model: str = "forward", magnitude: np.ndarray | None = None) -> Judgement:
-    """ATTN-TOL-1, -2, -3 for one quantity, given the baseline's elementwise error |O_base - O_ref|."""
+                 quantity: str = "out", model: str = "forward", magnitude: np.ndarray | None = None,
+                 mask: np.ndarray | None = None, factor: float = 1.0) -> Judgement:
+    """ATTN-TOL-1, -2, -3 for one quantity, given the baseline's elementwise error |O_base - O_ref|.
+
+    `mask` restricts the judgement (errors, baseline and floor) to the elements where it is True;
+    `factor` multiplies the allowance (a divergence's stated bound, never the spec's own model).
+    """
     tol = spec.tolerances()[model]
+    actual = np.asarray(actual)
     finite = np.isfinite(ref)
+    if mask is not None:
+        finite = finite & np.broadcast_to(mask, ref.shape)
     bad = finite & ~np.isfinite(actual)
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -96,10 +104,11 @@ def judge_arrays(actual: np.ndarray, ref: np.ndarray, base_err: np.ndarray, dtyp
     floor_mean = tol["floor_factor"] * float(noise.mean())
     e_max, e_mean = float(err.max()), float(err.mean())
     b_max, b_mean = float(berr.max()), float(berr.mean())
-    allowed_max = tol["c_max"] * b_max + floor
-    allowed_mean = tol["c_mean"] * b_mean + floor_mean
+    allowed_max = factor * (tol["c_max"] * b_max + floor)
+    allowed_mean = factor * (tol["c_mean"] * b_mean + floor_mean)
     ok = e_max <= allowed_max and e_mean <= allowed_mean
-    full_err = np.abs(np.where(finite, actual - ref, 0.0))
+    with np.errstate(invalid="ignore"):
+        full_err = np.abs(np.where(finite, actual - np.where(finite, ref, 0.0), 0.0))
     worst = tuple(int(i) for i in np.unravel_index(np.argmax(full_err), full_err.shape))
     # The recorded ratio divides by the baseline error, but never by less than one rounding unit
     # (floor / floor_factor): a baseline that is exact by luck would make any ratio meaningless.
@@ -108,8 +117,9 @@ def judge_arrays(actual: np.ndarray, ref: np.ndarray, base_err: np.ndarray, dtyp
                   _ratio(e_max, max(b_max, unit)), _ratio(e_mean, max(b_mean, unit_mean)), worst=worst)
     if not ok:
         which = "ATTN-TOL-1" if e_max > allowed_max else "ATTN-TOL-2"
-        j.reason = (f"[{which}] {quantity} ({dtype}): max error {e_max:.3g} (allowed {tol['c_max']:g} x baseline "
-                    f"{b_max:.3g} + floor {floor:.3g} = {allowed_max:.3g}); mean error {e_mean:.3g} (allowed "
+        times = f"{factor:g} x " if factor != 1 else ""
+        j.reason = (f"[{which}] {quantity} ({dtype}): max error {e_max:.3g} (allowed {times}({tol['c_max']:g} x baseline "
+                    f"{b_max:.3g} + floor {floor:.3g}) = {allowed_max:.3g}); mean error {e_mean:.3g} (allowed "
                     f"{allowed_mean:.3g}); ratio {j.ratio_max:.3g}; worst at {worst}: got {actual[worst]:.6g}, "
                     f"reference {ref[worst]:.6g}")
     return j
@@ -132,17 +142,22 @@ def _logit_magnitude(case: Case) -> tuple[np.ndarray, np.ndarray]:
     return a, vmax
 
 
-def judge_float64(actual: np.ndarray, case: Case, *, quantity: str = "out") -> Judgement:
-    """ATTN-TOL-4: the analytic float64 bound, per output row."""
+def judge_float64(actual: np.ndarray, case: Case, *, quantity: str = "out", mask: np.ndarray | None = None,
+                  factor: float = 1.0) -> Judgement:
+    """ATTN-TOL-4: the analytic float64 bound, per output row (`mask`, `factor` as in judge_arrays)."""
     ref = oracle(case).out
+    actual = np.asarray(actual)
     finite = np.isfinite(ref)
+    if mask is not None:
+        finite = finite & np.broadcast_to(mask, ref.shape)
     if (finite & ~np.isfinite(actual)).any():
-        return judge_arrays(actual, ref, np.zeros_like(ref), "float64", quantity=quantity)
+        return judge_arrays(actual, ref, np.zeros_like(ref), "float64", quantity=quantity, mask=mask)
     gamma = spec.tolerances()["float64"]["gamma"]
     a, vmax = _logit_magnitude(case)
     s = case.shape
-    bound = gamma * EPS64 * vmax * ((s["Dk"] + 2) * a + 2 * s["Lk"] + 4)      # (B, H, Lq)
-    err = np.abs(np.where(finite, actual - ref, 0.0))
+    bound = factor * gamma * EPS64 * vmax * ((s["Dk"] + 2) * a + 2 * s["Lk"] + 4)      # (B, H, Lq)
+    with np.errstate(invalid="ignore"):
+        err = np.abs(np.where(finite, actual - np.where(finite, ref, 0.0), 0.0))
     row_err = err.max(axis=-1, initial=0.0)
     tiny = np.finfo(np.float64).tiny
     ratios = row_err / np.maximum(bound, tiny)
@@ -161,18 +176,37 @@ def judge_float64(actual: np.ndarray, case: Case, *, quantity: str = "out") -> J
     return j
 
 
-def judge_output(actual: np.ndarray, case: Case) -> Judgement:
-    """The forward output under the model that fits the case's dtype."""
+def judge_output(actual: np.ndarray, case: Case, *, mask: np.ndarray | None = None,
+                 factor: float = 1.0) -> Judgement:
+    """The forward output under the model that fits the case's dtype.
+
+    Elements an applied divergence already judged (`actual.exempt`, see harness.run) are left out.
+    """
+    mask = _unexempt(actual, mask)
     if case.dtype == "float64":
-        return judge_float64(actual, case)
+        return judge_float64(actual, case, mask=mask, factor=factor)
     from attnconf.reference import baseline_error
 
-    return judge_arrays(actual, oracle(case).out, baseline_error(case)[0], case.dtype)
+    return judge_arrays(actual, oracle(case).out, baseline_error(case)[0], case.dtype, mask=mask, factor=factor)
 
 
-def judge_lse(actual: np.ndarray, case: Case) -> Judgement:
+def _unexempt(actual, mask: np.ndarray | None) -> np.ndarray | None:
+    """The elements to judge: `mask` (default all) minus those a divergence already judged."""
+    exempt = getattr(actual, "exempt", None)
+    if exempt is None:
+        return mask
+    keep = ~np.broadcast_to(exempt, np.shape(actual))
+    return keep if mask is None else keep & np.broadcast_to(mask, np.shape(actual))
+
+
+def judge_lse(actual: np.ndarray, case: Case, *, mask: np.ndarray | None = None, factor: float = 1.0) -> Judgement:
     """The log-sum-exp: -inf for empty rows; otherwise the forward model (float64: analytic bound)."""
+    mask = _unexempt(actual, mask)
     ref = oracle(case).lse
+    actual = np.asarray(actual, dtype=np.float64)
+    if mask is not None:
+        m = np.broadcast_to(mask, ref.shape)
+        ref, actual = np.where(m, ref, 0.0), np.where(m, actual, 0.0)
     empty = np.isneginf(ref)
     if (empty & ~np.isneginf(actual)).any():
         idx = tuple(int(i) for i in np.argwhere(empty & ~np.isneginf(actual))[0])
@@ -183,7 +217,7 @@ def judge_lse(actual: np.ndarray, case: Case) -> Judgement:
     if case.dtype == "float64":
         a, _ = _logit_magnitude(case)
         gamma = spec.tolerances()["float64"]["gamma"]
-        bound = gamma * EPS64 * ((case.shape["Dk"] + 2) * a + np.abs(ref_f) + 2 * case.shape["Lk"] + 4)
+        bound = factor * gamma * EPS64 * ((case.shape["Dk"] + 2) * a + np.abs(ref_f) + 2 * case.shape["Lk"] + 4)
         err = np.abs(act_f - ref_f)
         ratio = float((err / np.maximum(bound, 1e-300)).max(initial=0))
         j = Judgement(bool((err <= bound).all()), "lse", "float64", float(err.max(initial=0)), float(err.mean()),
@@ -194,11 +228,16 @@ def judge_lse(actual: np.ndarray, case: Case) -> Judgement:
         return j
     from attnconf.reference import baseline_error
 
-    return judge_arrays(act_f, ref_f, np.where(empty, 0.0, baseline_error(case)[1]), case.dtype, quantity="lse")
+    return judge_arrays(act_f, ref_f, np.where(empty, 0.0, baseline_error(case)[1]), case.dtype, quantity="lse",
+                        mask=mask, factor=factor)
 
 
-def judge_gradients(grads: dict[str, np.ndarray], case: Case) -> list[Judgement]:
-    """ATTN-TOL-5 for dq, dk, dv (and dbias) against the analytic float64 backward."""
+def judge_gradients(grads: dict[str, np.ndarray], case: Case, *, masks: dict[str, np.ndarray] | None = None,
+                    factor: float = 1.0) -> list[Judgement]:
+    """ATTN-TOL-5 for dq, dk, dv (and dbias) against the analytic float64 backward.
+
+    `masks` restricts each gradient's judgement to some elements; elements an applied divergence
+    already judged (`grads[name].exempt`) are left out."""
     from attnconf.reference.backward import backward
 
     ref = backward(case)
@@ -214,12 +253,13 @@ def judge_gradients(grads: dict[str, np.ndarray], case: Case) -> list[Judgement]
         if name not in grads or getattr(ref, name) is None:
             continue
         r = getattr(ref, name)
-        g = np.broadcast_to(grads[name], r.shape) if grads[name].shape != r.shape else grads[name]
+        m = _unexempt(grads[name], None if masks is None else masks.get(name))
+        g = np.broadcast_to(grads[name], r.shape) if grads[name].shape != r.shape else np.asarray(grads[name])
         if case.dtype == "float64":
-            out.append(_judge_grad64(g, r, bounds[name], name))
+            out.append(_judge_grad64(g, r, factor * bounds[name], name, mask=m))
         else:
             out.append(judge_arrays(g, r, base_err[name], case.dtype, quantity=name, model="gradient",
-                                    magnitude=mags[name]))
+                                    magnitude=mags[name], mask=m, factor=factor))
     return out
 
 
@@ -252,9 +292,12 @@ def gradient_magnitudes(case: Case) -> dict[str, np.ndarray]:
     return mags
 
 
-def _judge_grad64(g: np.ndarray, r: np.ndarray, bound: np.ndarray, name: str) -> Judgement:
-    err = np.abs(g - r)
-    bad = np.isfinite(r) & ~np.isfinite(g)
+def _judge_grad64(g: np.ndarray, r: np.ndarray, bound: np.ndarray, name: str,
+                  mask: np.ndarray | None = None) -> Judgement:
+    keep = np.ones(r.shape, bool) if mask is None else np.broadcast_to(mask, r.shape)
+    with np.errstate(invalid="ignore"):
+        err = np.where(keep, np.abs(g - r), 0.0)
+    bad = keep & np.isfinite(r) & ~np.isfinite(g)
     ok = bool((err <= bound + np.finfo(np.float64).tiny).all()) and not bad.any()
     ratios = err / np.maximum(bound, np.finfo(np.float64).tiny)
     worst = tuple(int(i) for i in np.unravel_index(np.argmax(ratios), ratios.shape)) if ratios.size else None
@@ -267,29 +310,42 @@ def _judge_grad64(g: np.ndarray, r: np.ndarray, bound: np.ndarray, name: str) ->
     return j
 
 
-def judge_layer(actual: np.ndarray, lc) -> Judgement:
-    """ATTN-MHA-1 under the forward model: naive layer at the dtype as yardstick; float64 analytic."""
+def judge_layer(actual: np.ndarray, lc, *, mask: np.ndarray | None = None, factor: float = 1.0,
+                ref: np.ndarray | None = None, base_err: np.ndarray | None = None,
+                magnitude: np.ndarray | None = None, as_dtype: str | None = None) -> Judgement:
+    """ATTN-MHA-1 under the forward model: naive layer at the dtype as yardstick; float64 analytic.
+
+    `ref`, `base_err`, `magnitude` and `as_dtype` let a divergence judge the layer against its
+    alternative (another reference, the yardstick of another precision); `mask`, `factor` as in
+    judge_arrays."""
     from attnconf.reference.layer import layer_baseline_error, mha
 
-    ref = mha(lc)
+    mask = _unexempt(actual, mask)
+    ref = mha(lc) if ref is None else ref
+    actual = np.asarray(actual)
     if actual.shape != ref.shape:
         return Judgement(False, "layer", lc.dtype, float("inf"), float("inf"), 0, 0, 0, 0, 0, float("inf"),
                          float("inf"), f"[ATTN-MHA-1] layer output shape {actual.shape} != {ref.shape}")
-    if lc.dtype != "float64":
-        return judge_arrays(actual, ref, layer_baseline_error(lc), lc.dtype, quantity="layer")
+    dtype = as_dtype or lc.dtype
+    if dtype != "float64":
+        return judge_arrays(actual, ref, layer_baseline_error(lc) if base_err is None else base_err, dtype,
+                            quantity="layer", mask=mask, factor=factor, magnitude=magnitude)
     # float64: rounding of four E-long projections and the attention (bound of ATTN-TOL-4, per element).
     e = lc.x_q.shape[-1]
     xa = [np.abs(x) @ np.abs(w) for x, w in ((lc.x_q, lc.w_q), (lc.x_k, lc.w_k), (lc.x_v, lc.w_v))]
     d = e // lc.num_heads
     a = float((xa[0].max() * xa[1].max()) * d / np.sqrt(d))
     y_abs = (xa[2].max(axis=1, keepdims=True) + 0 * ref) @ np.abs(lc.w_o)
-    bound = spec.tolerances()["float64"]["gamma"] * EPS64 * (4 * e + (d + 2) * a + 2 * lc.x_k.shape[1] + 8) \
+    bound = factor * spec.tolerances()["float64"]["gamma"] * EPS64 * (4 * e + (d + 2) * a + 2 * lc.x_k.shape[1] + 8) \
         * np.maximum(y_abs, np.abs(ref))
-    err = np.abs(actual - ref)
+    keep = np.ones(ref.shape, bool) if mask is None else np.broadcast_to(mask, ref.shape)
+    with np.errstate(invalid="ignore"):
+        err = np.where(keep, np.abs(actual - ref), 0.0)
+    bad = keep & np.isfinite(ref) & ~np.isfinite(actual)
     ratio = float((err / np.maximum(bound, 1e-300)).max(initial=0))
-    j = Judgement(bool((err <= bound).all()), "layer", "float64", float(err.max(initial=0)), float(err.mean()),
-                  float(bound.max(initial=0)), float(bound.mean()), float(bound.max(initial=0)), float(bound.mean()),
-                  0.0, ratio, ratio)
+    j = Judgement(bool((err <= bound).all()) and not bad.any(), "layer", "float64", float(err.max(initial=0)),
+                  float(err.mean()), float(bound.max(initial=0)), float(bound.mean()), float(bound.max(initial=0)),
+                  float(bound.mean()), 0.0, ratio, ratio)
     if not j.ok:
         j.reason = f"[ATTN-MHA-1] layer (float64): error {j.e_max:.3g} exceeds the analytic bound (ratio {ratio:.3g})"
     return j

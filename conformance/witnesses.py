@@ -6,6 +6,8 @@ so an entry that no longer applies is noticed and removed. Register with
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +34,15 @@ def fully_masked_row() -> Case:
     mask = np.ones((1, 1, 4, 6), dtype=bool)
     mask[..., 1, :] = False
     return Case.build(q, k, v, mask=mask, dtype="float32")
+
+
+@witness
+def bias_emptied_row() -> Case:
+    """Row 2 of 4 has a -inf bias on every key (nothing else hides a key)."""
+    q, k, v = _qkv(np.random.default_rng(14))
+    bias = np.zeros((1, 1, 4, 6))
+    bias[..., 2, :] = -np.inf
+    return Case.build(q, k, v, bias=bias, dtype="float32")
 
 
 @witness
@@ -141,6 +152,14 @@ def half_long_accumulation() -> Case:
     return Case.build(q, k, v, dtype="bfloat16")
 
 
+@witness
+def half_long_accumulation_f16() -> Case:
+    """half_long_accumulation in float16 (values scaled so that products stay in float16's range)."""
+    rng = np.random.default_rng(13)
+    q, k, v = rng.normal(size=(1, 2, 16, 256)), rng.normal(size=(1, 2, 256, 256)), rng.normal(size=(1, 2, 256, 256))
+    return Case.build(q, k, v, dtype="float16")
+
+
 # ---- appended for the torch backend (adapters/torch.py) ---------------------
 @witness
 def fully_masked_row_half() -> Case:
@@ -160,3 +179,12 @@ def fully_masked_row_bfloat16() -> Case:
     mask = np.ones((1, 1, 4, 6), dtype=bool)
     mask[..., 1, :] = False
     return Case.build(q, k, v, mask=mask, dtype="bfloat16")
+
+
+def load_all() -> None:
+    """Import every `witnesses_<backend>.py` beside this module (their @witness functions register)."""
+    import attnconf.conformance as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name.startswith("witnesses_"):
+            importlib.import_module(f"attnconf.conformance.{info.name}")

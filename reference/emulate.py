@@ -139,3 +139,40 @@ def baseline_error(case: Case, dtype: str | None = None) -> tuple[np.ndarray, np
             err_l = np.fmax(err_l, np.where(np.isfinite(el), el, 0.0))
     case._cache[key] = (err_o, err_l)
     return err_o, err_l
+
+
+def naive_forward_half_accumulation(case: Case) -> np.ndarray:
+    """The output of a naive implementation whose dot products (Q K^T and P V) accumulate in the
+    case's own dtype, rounded after every multiply and every addition, ascending; the softmax in
+    float32 as in `naive_forward`. Not a yardstick of the spec (which allows float32 accumulation):
+    it states what "accumulates in half precision" means where a divergence declares it."""
+    key = ("naive_half_accumulation", case.dtype)
+    if key in case._cache:
+        return case._cache[key]
+    r = _rounder(case.dtype)
+    f32 = np.float32
+    hq = case.shape["Hq"]
+    vis = oracle(case).visible
+
+    def matmul_in_dtype(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        acc = np.zeros(a.shape[:-1] + b.shape[-1:], f32)
+        for i in range(a.shape[-1]):
+            acc = r(acc + r(a[..., :, i:i + 1] * b[..., i:i + 1, :]))
+        return acc
+
+    with np.errstate(all="ignore"):
+        q = r(case.q.astype(f32) * f32(case.effective_scale))
+        k = expand_kv(case.k, hq).astype(f32)
+        v = expand_kv(case.v, hq).astype(f32)
+        s = matmul_in_dtype(q, np.swapaxes(k, -1, -2))
+        if case.bias is not None:
+            s = r(s + np.broadcast_to(case.bias, s.shape).astype(f32))
+        s = np.where(vis, s, -np.inf).astype(f32)
+        m = s.max(axis=-1, keepdims=True, initial=-np.inf)
+        m = np.where(np.isneginf(m), f32(0), m).astype(f32)
+        p = np.where(vis, np.exp(s - m), f32(0)).astype(f32)
+        l = p.sum(axis=-1, keepdims=True, dtype=f32)
+        w = r(np.where(l > 0, p / np.where(l > 0, l, f32(1)), f32(0)))
+        out = matmul_in_dtype(w, np.where(np.isfinite(v), v, f32(0))).astype(np.float64)
+    case._cache[key] = out
+    return out

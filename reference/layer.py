@@ -160,15 +160,20 @@ def _head_mask(lc: LayerCase) -> np.ndarray | None:
     return None if lc.mask is None else lc.mask[:, None]
 
 
-def mha(lc: LayerCase) -> np.ndarray:
-    """The layer output (B, Lq, E) in float64; cached on the LayerCase."""
+def mha(lc: LayerCase, attend=None) -> np.ndarray:
+    """The layer output (B, Lq, E) in float64; cached on the LayerCase.
+
+    `attend(q, k, v, mask=, causal=)` replaces the per-head attention (a divergence's alternative
+    semantics, e.g. another scale); its result is not cached."""
     cached = lc._cache.get("mha")
-    if cached is not None:
+    if cached is not None and attend is None:
         return cached
     h = lc.num_heads
     q = _split(_project(lc.x_q, lc.w_q, lc.b_q), h)
     k = _split(_project(lc.x_k, lc.w_k, lc.b_k), h)
     v = _split(_project(lc.x_v, lc.w_v, lc.b_v), h)
+    if attend is not None:
+        return _project(_merge(attend(q, k, v, mask=_head_mask(lc), causal=lc.causal)), lc.w_o, lc.b_o)
     o = forward(q, k, v, mask=_head_mask(lc), causal=lc.causal).out
     cached = lc._cache["mha"] = _project(_merge(o), lc.w_o, lc.b_o)
     return cached

@@ -1,8 +1,9 @@
 """Certificates: what one run of a third-party kernel established, as Markdown for a PR and JSON.
 
-A certificate is derived only from the run file, so anyone can regenerate and check it. A clause
-counts as covered when at least one record cited it and none of them failed; a documented
-divergence is listed as such, never as a pass.
+A certificate is derived only from the run file, so anyone can regenerate and check it. It states
+the verdict, the scope the kernel declared ("certified for ...; not covered: ..."), every clause x
+dtype cell with its status and counts, the divergences with what they declare instead and how
+their witnesses behaved, and the failed clauses with their smallest case and replay command.
 """
 
 from __future__ import annotations
@@ -13,60 +14,74 @@ from pathlib import Path
 from typing import Any
 
 from attnconf.reports.markdown import md
-from attnconf.reports.merge import Clause, environment_rows, format_ratio, load_clauses, record_state, worst_ratio
+from attnconf.reports.merge import Clause, environment_rows, format_ratio, load_clauses, worst_ratio
 from attnconf.reports.runfile import encode
 
-CERTIFICATE_VERSION = 1
+CERTIFICATE_VERSION = 2
+FEATURE_WORDS = {
+    "mask": "boolean masks", "bias": "additive bias", "causal_top_left": "causal top-left",
+    "causal_bottom_right": "causal bottom-right", "window_top_left": "sliding window (top-left)",
+    "window_bottom_right": "sliding window (bottom-right)", "softcap": "softcap", "alibi": "ALiBi",
+    "sinks": "attention sinks", "gqa": "GQA/MQA", "q_lengths": "query padding", "kv_lengths": "key padding",
+    "custom_scale": "custom scale", "dv_ne_dk": "Dv != Dk", "cross": "Lq != Lk", "mask_with_causal": "mask with causal",
+    "lse": "log-sum-exp", "dropout": "dropout", "noncontiguous": "non-contiguous inputs",
+    "broadcast_kv": "stride-0 K/V", "varlen": "variable-length packing", "paged": "paged KV cache",
+    "dbias": "bias gradient", "weights": "attention weights"}
+ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
-def slug(run: dict[str, Any]) -> str:
-    env = run["environment"]
-    text = f"{env.get('kernel') or 'kernel'}-{env['backend']}-{env['device']}"
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:80] or "kernel"
-
-
-def clause_states(run: dict[str, Any]) -> dict[str, str]:
-    """Worst record state per clause cited in the run; failed_clauses in the verdict count as failing."""
-    rank = {"unsupported": 1, "conformant": 2, "divergent": 3, "failing": 4}
-    states: dict[str, str] = {}
-    for rec in run["records"]:
-        state = record_state(rec)
-        for cid in rec["clauses"]:
-            if rank[state] > rank.get(states.get(cid, ""), 0):
-                states[cid] = state
-    for cid in run["verdict"].get("failed_clauses") or []:
-        states[cid] = "failing"
-    return states
-
-
-def ratios_by_dtype(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for rec in run["records"]:
-        for dtype, stats in (rec.get("ratios") or {}).items():
-            agg = out.setdefault(dtype, {"max": None, "cases": 0})
-            agg["max"] = worst_ratio(agg["max"], stats.get("max"))
-            agg["cases"] += int(stats.get("cases") or 0)
-    return dict(sorted(out.items()))
+def scope_sentence(scope: dict[str, Any]) -> tuple[str, str]:
+    """("certified for ...", "not covered: ...") in plain words, from an implementation's declared scope."""
+    dtypes = [d for d in ALL_DTYPES if d in (scope.get("dtypes") or [])]
+    feats = set(scope.get("features") or [])
+    grads = "grads" in feats or scope.get("grads") is True
+    have = [FEATURE_WORDS[f] for f in FEATURE_WORDS if f in feats]
+    lacking = [FEATURE_WORDS[f] for f in FEATURE_WORDS if f not in feats]
+    lacking_dt = [d for d in ALL_DTYPES if d not in dtypes]
+    limits = []
+    if scope.get("max_head_dim"):
+        limits.append(f"head dim <= {scope['max_head_dim']}")
+    if scope.get("head_dims"):
+        limits.append(f"head dims {scope['head_dims']}")
+    if scope.get("max_seqlen"):
+        limits.append(f"sequence length <= {scope['max_seqlen']}")
+    certified = (f"{'/'.join(dtypes) or 'no dtype'}, {'forward and backward' if grads else 'forward only'}"
+                 + (", " + ", ".join(have) if have else "") + (f" ({'; '.join(limits)})" if limits else ""))
+    missing = ", ".join(lacking_dt + ([] if grads else ["gradients"]) + lacking) or "nothing"
+    return certified, missing
 
 
 def build(run: dict[str, Any], clauses: list[Clause] | None = None) -> dict[str, Any]:
-    """The certificate as plain data (what the JSON file holds)."""
+    """The certificate as plain data (what the JSON file holds): the verdict, the declared scope, and
+    every clause x dtype cell with its status and counts, from the run file alone."""
     clauses = clauses if clauses is not None else load_clauses()
-    states = clause_states(run)
-    listed = [c.id for c in clauses] + [cid for cid in states if cid not in {c.id for c in clauses}]
-    by_state: dict[str, list[str]] = {"conformant": [], "divergent": [], "failing": [], "unsupported": [], "not_run": []}
-    for cid in listed:
-        by_state[states.get(cid, "not_run")].append(cid)
+    order = {c.id: i for i, c in enumerate(clauses)}
     env = run["environment"]
+    cells = sorted(run.get("cells") or [], key=lambda c: (c["implementation"], order.get(c["clause"], 999),
+                                                          c["dtype"]))
+    scopes = {}
+    for name, scope in (env.get("scopes") or {}).items():
+        certified, missing = scope_sentence(scope)
+        scopes[name] = {"declared": scope, "certified_for": certified, "not_covered": missing}
+    by_state: dict[str, list[str]] = {}
+    for c in cells:
+        by_state.setdefault(c["status"], [])
+        key = f"{c['clause']}@{c['dtype']}"
+        if key not in by_state[c["status"]]:
+            by_state[c["status"]].append(key)
     return {
         "certificate_version": CERTIFICATE_VERSION,
         "kernel": env.get("kernel"),
+        "convention": env.get("convention"),
         "run_id": run["run_id"],
         "created": run["created"],
+        "complete": run.get("complete", True),
         "verdict": run["verdict"]["verdict"],
-        "clauses": by_state,
-        "clause_coverage": run.get("clause_coverage") or {},
-        "divergences": run.get("divergences") or [],
+        "verdict_detail": run["verdict"],
+        "scopes": scopes,
+        "cells": cells,
+        "cells_by_status": by_state,
+        "divergences": [d for d in run.get("divergences") or [] if d.get("observed") or d.get("witness_status")],
         "ratios": ratios_by_dtype(run),
         "environment": env,
     }
@@ -75,31 +90,70 @@ def build(run: dict[str, Any], clauses: list[Clause] | None = None) -> dict[str,
 def render_markdown(cert: dict[str, Any], clauses: list[Clause] | None = None) -> str:
     titles = {c.id: c.title for c in (clauses if clauses is not None else load_clauses())}
     env = cert["environment"]
-
-    def clause_list(ids: list[str]) -> str:
-        return ", ".join(f"{md(cid)} ({md(titles[cid])})" if cid in titles else md(cid) for cid in ids) or "none"
-
-    c = cert["clauses"]
+    v = cert["verdict_detail"]
     lines = [
-        f"## attnconf certificate: {md(cert['kernel'])}",
+        f"## attnconf certificate: {md(cert['kernel'] or env['backend'])}",
         "",
         f"**Verdict: {md(cert['verdict'])}** on {md(env['backend'])} / {md(env['device'])}"
-        f" ({md(env.get('device_name') or '')}); run {md(cert['run_id'])}, {md(cert['created'])}.",
-        "",
-        f"- Conformant clauses ({len(c['conformant'])}): {clause_list(c['conformant'])}",
-        f"- Clauses within documented divergences ({len(c['divergent'])}): {clause_list(c['divergent'])}",
-        f"- **Failing clauses ({len(c['failing'])})**: {clause_list(c['failing'])}",
-        f"- Unsupported ({len(c['unsupported'])}): {clause_list(c['unsupported'])}",
-        f"- Not covered by this run ({len(c['not_run'])}): {clause_list(c['not_run'])}",
-        "",
-        "### Divergences",
+        f" ({md(env.get('device_name') or '')})" + (f", convention {md(cert['convention'])}" if cert.get("convention") else "")
+        + f"; run {md(cert['run_id'])}, {md(cert['created'])}.",
         "",
     ]
+    for name, s in cert["scopes"].items():
+        lines += [f"- {md(name)}: certified for {md(s['certified_for'])}; not covered: {md(s['not_covered'])}."]
+    if v.get("incomplete_reasons"):
+        lines += ["", "**Why INCOMPLETE:** " + md("; ".join(v["incomplete_reasons"]))]
+    if v.get("failures"):
+        lines += ["", "### Failed clauses", ""]
+        for f in v["failures"]:
+            lines.append(f"- **{md(f['clause'])}** ({md(titles.get(f['clause'], ''))}) at {md(f['dtype'])}, "
+                         f"{md(f['implementation'])}: {md(f.get('message') or '')}")
+            if f.get("case"):
+                lines.append(f"  - smallest failing case: `{md(f['case'])}`")
+            if f.get("replay"):
+                lines.append(f"  - replay: `{f['replay']}`")
+    lines += ["", "### Clause x dtype cells", "",
+              "Status per cell (examples checked / covered by a divergence / out of scope); "
+              f"the coverage floor is {v.get('floor', '?')} checked examples per cell.", ""]
+    dtypes = [d for d in (*ALL_DTYPES, "any") if any(c["dtype"] == d for c in cert["cells"])]
+    impls = sorted({c["implementation"] for c in cert["cells"]})
+    sym = {"conformant": "✅", "divergent": "⚠️", "failing": "❌", "unsupported": "➖", "below_floor": "◔",
+           "not_run": "·"}
+    for impl in impls:
+        if len(impls) > 1:
+            lines += [f"**{md(impl)}**", ""]
+        lines += ["| clause | " + " | ".join(dtypes) + " |", "|---|" + "---|" * len(dtypes)]
+        mine = [c for c in cert["cells"] if c["implementation"] == impl]
+        for cid in dict.fromkeys(c["clause"] for c in mine):
+            row = [f"{md(cid)} {md(titles.get(cid, ''))}"]
+            for d in dtypes:
+                c = next((x for x in mine if x["clause"] == cid and x["dtype"] == d), None)
+                if c is None:
+                    row.append("")
+                    continue
+                text = f"{sym[c['status']]} {c['checked']}"
+                if c["divergent"]:
+                    text += f" / {c['divergent']} ({', '.join(md(x) for x in c['divergences'])})"
+                if c["status"] == "unsupported":
+                    text = sym["unsupported"]
+                row.append(text)
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    lines += ["Legend: ✅ conformant, ⚠️ divergent as documented, ❌ failing, ➖ out of the declared scope, "
+              "◔ below the coverage floor, · not run.", "", "### Divergences", ""]
     if cert["divergences"]:
-        lines += [f"- {md(d['id'])} ({md(d['clause'])}, {md(d['kind'])}): {md(d.get('reason', ''))}"
-                  + (f" {md(d['link'])}" if d.get("link") else "") for d in cert["divergences"]]
+        for d in cert["divergences"]:
+            bound = f", bound {d['bound']:g}" if d.get("bound") is not None else ""
+            where = "holds here" if d.get("holds", True) else f"inactive here ({d.get('condition', '')})"
+            lines.append(f"- {md(d['id'])} ({md(d['clause'])}, {md(d['kind'])}): region {md(d.get('region', ''))}, "
+                         f"instead {md(d.get('instead', ''))}{bound}; {md(where)}; witness: "
+                         f"{md(d.get('witness_status', 'not run'))}. {md(d.get('reason', ''))}"
+                         + (f" {md(d['link'])}" if d.get("link") else ""))
     else:
         lines.append("None.")
+    if v.get("stale"):
+        lines += ["", "**Stale divergence entries** (their witnesses conform now; the verdict is unaffected): "
+                  + md(", ".join(v["stale"]))]
     lines += ["", "### Error ratios (e_kernel / e_base; passing requires e_kernel <= 2 e_base + a rounding floor)", "",
               "| dtype | worst ratio | cases |", "|---|---|---|"]
     lines += [f"| {md(dt)} | {format_ratio(r['max'])} | {r['cases']} |" for dt, r in cert["ratios"].items()]

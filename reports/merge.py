@@ -3,12 +3,11 @@
 Everything a reader sees is decided here, once: which clauses and columns exist, what state each
 matrix cell is in, which implementations agree on the fixed panel. The renderers only format.
 
-Cell rule: a record citing clause C for implementation I contributes to the dtype columns named by
-its `ratios`; a record without ratios contributes to every dtype column of I. A failing record is
-failing in the dtypes it can be blamed on (ratio > 1 or NaN, or the dtype its failing case names)
-and conformant in its other ratio dtypes; when nothing tells, it fails every dtype column of I.
-The worst state wins:
-failing > divergent > conformant > unsupported > not run.
+Cells come from the run files: each run lists its (implementation, clause, dtype) cells with their
+own status and counts (conformance/verdict.py decides them, once). This module only attaches what a
+reader drills down to (the records of the cell, the worst error ratio at that dtype) and, for the
+per-implementation summary, takes the worst state over an implementation's dtypes:
+failing > divergent > below floor > not run > conformant > unsupported.
 """
 
 from __future__ import annotations
@@ -29,9 +28,10 @@ from attnconf.reports.runfile import RunFileError
 SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
 
 FAILING = ("fail", "error", "crashed", "timeout")
-STATES = ("failing", "divergent", "conformant", "unsupported")
-_RANK = {"failing": 4, "divergent": 3, "conformant": 2, "unsupported": 1, None: 0}
+STATES = ("failing", "divergent", "below_floor", "not_run", "conformant", "unsupported")
+_RANK = {"failing": 6, "divergent": 5, "below_floor": 4, "not_run": 3, "conformant": 2, "unsupported": 1, None: 0}
 ANY_DTYPE = "any"
+_DTYPE_ORDER = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3, ANY_DTYPE: 4}
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,9 @@ class Cell:
     divergences: list[str] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
     unsupported_reasons: list[str] = field(default_factory=list)
+    checked: int = 0
+    divergent: int = 0
+    first_failure: dict[str, Any] | None = None
 
     def add(self, state: str, record: dict[str, Any], ratio: float | None) -> None:
         if _RANK[state] > _RANK[self.state]:
@@ -145,22 +148,11 @@ def record_state(record: dict[str, Any]) -> str:
         return "failing"
     if status == "divergent" or record.get("divergences"):
         return "divergent"
-    if status == "unsupported":
+    if status in ("unsupported", "not_requested"):
         return "unsupported"
+    if status == "not_run":
+        return "not_run"
     return "conformant"
-
-
-def _failing_dtypes(record: dict[str, Any], columns: list[Column]) -> set[str]:
-    """The dtypes a failing record can be blamed on: those whose worst ratio exceeds 1 (or is NaN)
-    and those its failing case names. Empty when neither tells, and then every dtype is failing."""
-    blamed = set()
-    for dtype, stats in (record.get("ratios") or {}).items():
-        worst = stats.get("max")
-        if worst is not None and (math.isnan(worst) or worst > 1):
-            blamed.add(dtype)
-    words = set(re.findall(r"[a-z0-9_]+", record.get("case") or ""))
-    blamed |= {c.dtype for c in columns if c.dtype in words}
-    return blamed
 
 
 def load_clauses(spec_dir: Path = SPEC_DIR) -> list[Clause]:
@@ -266,52 +258,51 @@ def build(
     clauses = load_clauses(spec_dir)
     known = {c.id for c in clauses}
     for run in runs:
-        for rec in run["records"]:
-            for cid in rec["clauses"]:
-                if cid not in known:
-                    known.add(cid)
-                    clauses.append(Clause(cid, "not in spec/clauses.toml", cid))
-
-    dtypes: dict[ImplKey, set[str]] = {}
-    for run in runs:
-        for rec in run["records"]:
-            key = _impl_key(run, rec["implementation"])
-            dtypes.setdefault(key, set()).update((rec.get("ratios") or {}).keys())
-    columns = sorted(
-        Column(impl, dt) for impl, found in dtypes.items() for dt in (sorted(found) or [ANY_DTYPE])
-    )
-    by_impl: dict[ImplKey, list[Column]] = {}
-    for col in columns:
-        by_impl.setdefault(col.impl, []).append(col)
+        for cid in [c["clause"] for c in run.get("cells") or []] + [c for r in run["records"] for c in r["clauses"]]:
+            if cid not in known:
+                known.add(cid)
+                clauses.append(Clause(cid, "not in spec/clauses.toml", cid))
 
     cells: dict[tuple[str, Column], Cell] = {}
     impl_cells: dict[tuple[str, ImplKey], Cell] = {}
     samples: list[dict[str, Any]] = []
     for run in runs:
+        device = run["environment"]["device"]
+        by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for rec in run["records"]:
             rec = {**rec, "run_id": run["run_id"]}
-            key = _impl_key(run, rec["implementation"])
-            state = record_state(rec)
-            ratios = rec.get("ratios") or {}
-            targets = by_impl[key]
-            if ratios:
-                targets = [c for c in targets if c.dtype in ratios]
-            blamed = _failing_dtypes(rec, by_impl[key]) if state == "failing" else set()
-            if blamed:
-                targets = [c for c in by_impl[key] if c.dtype in blamed or c.dtype in ratios]
-            elif state == "failing":
-                targets = by_impl[key]
+            impl = rec["implementation"] or "-"
             for cid in rec["clauses"]:
-                for col in targets:
-                    r = ratios.get(col.dtype, {}).get("max") if ratios else None
-                    col_state = "conformant" if blamed and col.dtype not in blamed else state
-                    cells.setdefault((cid, col), Cell()).add(col_state, rec, r)
-                overall = None
-                for stats in ratios.values():
-                    overall = worst_ratio(overall, stats.get("max"))
-                impl_cells.setdefault((cid, key), Cell()).add(state, rec, overall)
+                by_cell.setdefault((impl, cid), []).append(rec)
             for sample in rec.get("samples") or []:
-                samples.append({**sample, "impl": key.label})
+                samples.append({**sample, "impl": _impl_key(run, rec["implementation"]).label})
+        for c in run.get("cells") or []:
+            key = ImplKey(c["implementation"], device)
+            col = Column(key, c["dtype"])
+            recs = [r for r in by_cell.get((c["implementation"], c["clause"]), [])
+                    if (r.get("dtype") or ANY_DTYPE) == c["dtype"]]
+            ratio = None
+            for r in recs:
+                stats = (r.get("ratios") or {}).get(c["dtype"]) if c["dtype"] != ANY_DTYPE else None
+                if stats is not None:
+                    ratio = worst_ratio(ratio, stats.get("max"))
+            cell = Cell(state=c["status"], ratio=ratio, divergences=list(c.get("divergences") or []), records=recs,
+                        unsupported_reasons=list(c.get("unsupported_reasons") or []), checked=c.get("checked", 0),
+                        divergent=c.get("divergent", 0), first_failure=c.get("first_failure"))
+            cells[(c["clause"], col)] = cell
+            summary = impl_cells.setdefault((c["clause"], key), Cell())
+            if _RANK[cell.state] > _RANK[summary.state]:
+                summary.state = cell.state
+            summary.ratio = worst_ratio(summary.ratio, ratio)
+            summary.checked += cell.checked
+            summary.divergent += cell.divergent
+            for d in cell.divergences:
+                if d not in summary.divergences:
+                    summary.divergences.append(d)
+            for r in recs:
+                if r not in summary.records:
+                    summary.records.append(r)
+    columns = sorted({col for (_, col) in cells}, key=lambda c: (c.impl, _DTYPE_ORDER.get(c.dtype, 9), c.dtype))
 
     entries = load_divergence_entries(spec_dir)
     divergences: dict[str, dict[str, Any]] = {}
@@ -319,7 +310,9 @@ def build(
         for div in run.get("divergences") or []:
             merged = divergences.setdefault(div["id"], {**entries.get(div["id"], {}), **div, "runs": []})
             merged["runs"].append(
-                {"run_id": run["run_id"], "observed": div.get("observed"), "witness": div.get("witness")}
+                {"run_id": run["run_id"], "observed": div.get("observed"), "witness": div.get("witness_status"),
+                 "detail": div.get("witness_detail", ""), "holds": div.get("holds", True),
+                 "condition": div.get("condition", "")}
             )
     for cell in cells.values():
         for div in cell.divergences:

@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}

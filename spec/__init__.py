@@ -37,6 +37,12 @@ def tolerances() -> dict[str, dict[str, float]]:
     return tomllib.loads((HERE / "tolerances.toml").read_text())
 
 
+@cache
+def coverage() -> dict[str, int]:
+    """The coverage floor of a verdict (SPEC §16)."""
+    return tomllib.loads((HERE / "coverage.toml").read_text())["coverage"]
+
+
 def _line_of(text: str, entry_index: int) -> int:
     count = -1
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -85,6 +91,7 @@ def divergences(backend: str, directory: Path | None = None) -> list[dict[str, A
     return load_divergences(path) if path.exists() else []
 
 
+@cache
 def spec_hash() -> str:
     """sha256 over SPEC.md and every TOML file of the spec."""
     h = hashlib.sha256()

@@ -1,0 +1,376 @@
+"""What an implementation does instead, inside a divergence's region: computed and checked.
+
+Each divergence entry names its behaviour with `instead` (spec/divergences/README.md); this
+module computes what that behaviour gives on a case and judges the covered elements of a result
+against it. An element that conforms to the spec itself is always accepted too: an implementation
+that got better is not a failure (its entry is then reported stale by the witness check).
+
+Every check returns a `Verdict`: ok, a one-line detail, and the ratio of error to allowance.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from attnconf.reference import Case, expand_kv, oracle
+from attnconf.reference.emulate import _rounder, seq_matmul
+
+from . import tolerance as T
+
+FORWARD = ("out", "lse")
+GRADIENTS = ("dq", "dk", "dv", "dbias")
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Alternative:
+    name: str
+    defines: tuple[str, ...]          # the quantities it says something about ("call" for raise/return)
+    check: Callable[..., Verdict] | None = None
+    numeric: bool = False             # bounds the error of every covered element (allowed with region "any")
+
+
+ALTERNATIVES: dict[str, Alternative] = {}
+
+
+def alternative(name: str, defines: tuple[str, ...], *, numeric: bool = False):
+    def register(fn):
+        ALTERNATIVES[name] = Alternative(name, defines, fn, numeric)
+        return fn
+    return register
+
+
+ALTERNATIVES["raises"] = Alternative("raises", ("call",))
+ALTERNATIVES["returns"] = Alternative("returns", ("call",))
+
+
+# ---- helpers -----------------------------------------------------------------------
+
+def _first(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def _exact(name: str, actual: np.ndarray, mask: np.ndarray, good: Callable[[np.ndarray], np.ndarray],
+           what: str) -> Verdict:
+    bad = mask & ~good(actual)
+    if bad.any():
+        idx = _first(bad)
+        return Verdict(False, f"{name}: {int(bad.sum())} covered element(s) are not {what}; first at {idx}: "
+                              f"{actual[idx]!r}")
+    return Verdict(True)
+
+
+def _judged(j: T.Judgement) -> Verdict:
+    return Verdict(j.ok, "" if j.ok else j.explain())
+
+
+# ---- exact values --------------------------------------------------------------------
+
+@alternative("zero", ("out",))
+def _zero(entry, case, res, masks) -> Verdict:
+    return _exact("out", res.out, masks["out"], lambda a: a == 0, "exactly 0")
+
+
+@alternative("nan", ("out", "lse"))
+def _nan(entry, case, res, masks) -> Verdict:
+    for q in ("out", "lse"):
+        if q in masks:
+            v = _exact(q, getattr(res, q), masks[q], np.isnan, "NaN")
+            if not v.ok:
+                return v
+    return Verdict(True)
+
+
+@alternative("non_finite", ("out", "lse"))
+def _non_finite(entry, case, res, masks) -> Verdict:
+    for q in ("out", "lse"):
+        if q in masks:
+            v = _exact(q, getattr(res, q), masks[q], lambda a: ~np.isfinite(a), "NaN or inf")
+            if not v.ok:
+                return v
+    return Verdict(True)
+
+
+# ---- uniform weights: a mask applied as a large finite negative ------------------------
+
+def uniform_weights(case: Case, rows: np.ndarray) -> np.ndarray:
+    """(B, Hq, Lq, Lk): on `rows`, equal weights over the keys hidden by the mask, causal alignment,
+    window or padding (regions.mask_hidden_keys); 0 elsewhere."""
+    from .regions import mask_hidden_keys
+
+    keys = mask_hidden_keys(case) & rows[..., None]
+    n = keys.sum(axis=-1, keepdims=True)
+    return np.where(keys, 1.0 / np.maximum(n, 1), 0.0)
+
+
+def _mean_rows(mask_out: np.ndarray) -> np.ndarray:
+    return mask_out.any(axis=-1)
+
+
+@alternative("mean_of_values", ("out", "lse"))
+def _mean_of_values(entry, case, res, masks) -> Verdict:
+    if hasattr(case, "num_heads"):
+        return _layer_mean_of_values(case, res, masks)
+    if "out" in masks:
+        v = _mean_of_values_out(case, res, masks)
+        if not v.ok:
+            return v
+    if "lse" in masks and res.lse is not None:
+        lse = np.asarray(res.lse, dtype=np.float64)
+        good = np.isneginf(lse) | (np.isfinite(lse) & (lse <= -1e30))
+        return _exact("lse", lse, masks["lse"], lambda a: good, "-inf or a finite value below -1e30")
+    return Verdict(True)
+
+
+def _mean_of_values_out(case, res, masks) -> Verdict:
+    rows = _mean_rows(masks["out"])
+    w = uniform_weights(case, rows)
+    v = expand_kv(case.v, case.shape["Hq"])
+    expected = np.einsum("bhij,bhjd->bhid", w, np.where(np.isfinite(v), v, 0.0))
+    # the floor is taken at the magnitude of the averaged terms (a mean can cancel to near 0)
+    vmax = np.where(rows[..., None], np.abs(np.where(np.isfinite(v), v, 0.0)).max(axis=-2, keepdims=True), 0.0)
+    if case.dtype == "float64":
+        lk = case.shape["Lk"]
+        bound = 2 * T.spec.tolerances()["float64"]["gamma"] * T.EPS64 * (lk + 4) * vmax
+        with np.errstate(invalid="ignore"):
+            bad = masks["out"] & ~(np.abs(np.asarray(res.out) - expected) <= bound)
+        if bad.any():
+            idx = _first(bad)
+            return Verdict(False, f"out row {idx[:3]}: {res.out[idx]:.17g} is not the mean of V {expected[idx]:.17g}")
+    else:
+        r = _rounder(case.dtype)
+        f32 = np.float32
+        with np.errstate(all="ignore"):
+            naive = r(seq_matmul(r(w.astype(f32)), np.where(np.isfinite(v), v, 0.0).astype(f32), "ascending"))
+        base = np.abs(naive.astype(np.float64) - expected)
+        j = T.judge_arrays(res.out, expected, base, case.dtype, quantity="out (mean of V)",
+                           magnitude=vmax, mask=masks["out"])
+        if not j.ok:
+            return _judged(j)
+    return Verdict(True)
+
+
+def _layer_mean_of_values(lc, res, masks) -> Verdict:
+    from attnconf.reference.layer import mha
+
+    rows = masks["out"].any(axis=-1)                     # (B, Lq)
+
+    def attend(q, k, v, *, mask=None, causal=None):
+        from attnconf.reference import forward
+
+        f = forward(q, k, v, mask=mask, causal=causal)
+        mean = np.broadcast_to(v.mean(axis=-2, keepdims=True), f.out.shape)
+        return np.where(rows[:, None, :, None], mean, f.out)
+
+    expected = mha(lc, attend)
+    mag = np.abs(expected) + np.abs(lc.x_v).max() * np.abs(lc.w_v).sum(0).max() * np.abs(lc.w_o).sum(0)
+    return _judged(T.judge_layer(res.out, lc, mask=masks["out"], ref=expected, magnitude=mag))
+
+
+@alternative("uniform_weight_gradients", GRADIENTS)
+def _uniform_weight_gradients(entry, case, res, masks) -> Verdict:
+    """Covered rows weigh their finite-bias keys uniformly and their logits are constants: their dQ
+    and dBias are 0, they add nothing to dK, and add dO_i / n to the dV of each such key."""
+    from attnconf.reference.backward import backward, group_sum
+
+    ref = backward(case)
+    rows = masks["dq"].any(axis=-1) if "dq" in masks else ~oracle(case).visible.any(axis=-1)
+    w = uniform_weights(case, rows)
+    extra = group_sum(np.swapaxes(w, -1, -2) @ case.grad_out, case.shape["Hkv"])
+    expected = {"dq": np.where(rows[..., None], 0.0, ref.dq), "dk": ref.dk, "dv": ref.dv + extra}
+    if ref.dbias is not None:
+        expected["dbias"] = ref.dbias
+    mags = T.gradient_magnitudes(case) if case.dtype != "float64" else {}
+    for name, exp in expected.items():
+        if name not in masks or res.grads is None or name not in res.grads:
+            continue
+        g = np.broadcast_to(res.grads[name], exp.shape)
+        if case.dtype == "float64":
+            bound = 2 * T._gradient_bounds64(case)[name] + 4 * T.EPS64 * np.abs(exp)
+            bad = masks[name] & ~(np.abs(g - exp) <= bound)
+            if bad.any():
+                idx = _first(bad)
+                return Verdict(False, f"{name} at {idx}: {g[idx]:.17g}, expected {exp[idx]:.17g}")
+            continue
+        from attnconf.reference.emulate_backward import gradient_baseline_error
+
+        mag = mags[name] + (group_sum(np.swapaxes(w, -1, -2) @ np.abs(case.grad_out), case.shape["Hkv"])
+                            if name == "dv" else 0.0)
+        j = T.judge_arrays(g, exp, gradient_baseline_error(case)[name], case.dtype, quantity=name,
+                           model="gradient", magnitude=mag, mask=masks[name])
+        if not j.ok:
+            return _judged(j)
+    return Verdict(True)
+
+
+# ---- another precision or another bound ------------------------------------------------
+
+@alternative("float32_precision", FORWARD + GRADIENTS + ("layer",), numeric=True)
+def _float32_precision(entry, case, res, masks) -> Verdict:
+    """The float32 tolerance model: c_max x the error a naive float32 implementation makes on the same
+    inputs (the float32 yardstick plus the distance between the float32-rounded problem's reference
+    and this one's), plus the float32 floor."""
+    if hasattr(case, "num_heads"):
+        from attnconf.reference.layer import layer_baseline_error, mha
+
+        lc32 = case.replace(dtype="float32")
+        base = layer_baseline_error(lc32) + np.abs(mha(lc32) - mha(case))
+        return _judged(T.judge_layer(res.out, case, mask=masks["out"], base_err=base, as_dtype="float32"))
+    from attnconf.reference import baseline_error
+
+    c32 = case.replace(dtype="float32")
+    ref, ref32 = oracle(case), oracle(c32)
+    with np.errstate(invalid="ignore"):
+        gap_o = np.nan_to_num(np.abs(ref32.out - ref.out), nan=0.0, posinf=0.0)
+        gap_l = np.nan_to_num(np.abs(ref32.lse - ref.lse), nan=0.0, posinf=0.0)
+    err_o, err_l = baseline_error(c32)
+    j = T.judge_arrays(res.out, ref.out, err_o + gap_o, "float32", mask=masks["out"])
+    if not j.ok:
+        return _judged(j)
+    if "lse" in masks and res.lse is not None:
+        lse = np.where(np.isneginf(ref.lse), 0.0, np.asarray(res.lse, np.float64))
+        j = T.judge_arrays(lse, np.where(np.isneginf(ref.lse), 0.0, ref.lse), err_l + gap_l, "float32",
+                           quantity="lse", mask=masks["lse"])
+        if not j.ok:
+            return _judged(j)
+    if res.grads and any(g in masks for g in GRADIENTS):
+        from attnconf.reference.backward import backward
+        from attnconf.reference.emulate_backward import gradient_baseline_error
+
+        gref, gref32 = backward(case), backward(c32)
+        berr = gradient_baseline_error(c32)
+        mags = T.gradient_magnitudes(c32)
+        for name in GRADIENTS:
+            if name in masks and name in res.grads and getattr(gref, name) is not None:
+                exp = getattr(gref, name)
+                base = berr[name] + np.nan_to_num(np.abs(getattr(gref32, name) - exp))
+                j = T.judge_arrays(np.broadcast_to(res.grads[name], exp.shape), exp, base, "float32", quantity=name,
+                                   model="gradient", magnitude=mags[name], mask=masks[name])
+                if not j.ok:
+                    return _judged(j)
+    return Verdict(True)
+
+
+@alternative("bounded", FORWARD + GRADIENTS + ("layer",), numeric=True)
+def _bounded(entry, case, res, masks) -> Verdict:
+    """The spec's own tolerance model with its allowance multiplied by the entry's `bound`."""
+    f = float(entry["bound"])
+    if hasattr(case, "num_heads"):
+        return _judged(T.judge_layer(res.out, case, mask=masks["out"], factor=f))
+    if "out" in masks:
+        j = T.judge_output(np.asarray(res.out), case, mask=masks["out"], factor=f)
+        if not j.ok:
+            return _judged(j)
+    if "lse" in masks and res.lse is not None:
+        j = T.judge_lse(np.asarray(res.lse), case, mask=masks["lse"], factor=f)
+        if not j.ok:
+            return _judged(j)
+    if res.grads and any(g in masks for g in GRADIENTS):
+        for j in T.judge_gradients({n: np.asarray(g) for n, g in res.grads.items()}, case,
+                                   masks={n: m for n, m in masks.items() if n in GRADIENTS}, factor=f):
+            if not j.ok:
+                return _judged(j)
+    return Verdict(True)
+
+
+@alternative("half_accumulation", ("out",), numeric=True)
+def _half_accumulation(entry, case, res, masks) -> Verdict:
+    """c_max x the error of a naive implementation whose dot products accumulate in the case's own
+    half type (rounded after every addition), plus the floor."""
+    from attnconf.reference import baseline_error
+    from attnconf.reference.emulate import naive_forward_half_accumulation
+
+    ref = oracle(case).out
+    naive = naive_forward_half_accumulation(case)
+    with np.errstate(invalid="ignore"):
+        base = np.fmax(np.nan_to_num(np.abs(naive - ref), nan=0.0, posinf=0.0), baseline_error(case)[0])
+    return _judged(T.judge_arrays(np.asarray(res.out), ref, base, case.dtype, quantity="out (half accumulation)",
+                                  mask=masks["out"]))
+
+
+# ---- the reference of a nearby problem --------------------------------------------------
+
+def _judge_against(alt: Case, case: Case, res, masks) -> Verdict:
+    if "out" in masks:
+        j = T.judge_output(np.asarray(res.out), alt, mask=masks["out"])
+        if not j.ok:
+            return _judged(j)
+    if "lse" in masks and res.lse is not None:
+        j = T.judge_lse(np.asarray(res.lse), alt, mask=masks["lse"])
+        if not j.ok:
+            return _judged(j)
+    if res.grads and any(g in masks for g in GRADIENTS) and alt.grad_out is not None:
+        for j in T.judge_gradients({n: np.asarray(g) for n, g in res.grads.items()}, alt,
+                                   masks={n: m for n, m in masks.items() if n in GRADIENTS}):
+            if not j.ok:
+                return _judged(j)
+    return Verdict(True)
+
+
+@alternative("scale_float32", FORWARD + GRADIENTS + ("layer",), numeric=True)
+def _scale_float32(entry, case, res, masks) -> Verdict:
+    """The reference with the scale rounded to float32, under the float64 bound."""
+    if hasattr(case, "num_heads"):
+        from attnconf.reference import forward
+        from attnconf.reference.layer import mha
+
+        s32 = float(np.float32(1.0 / np.sqrt(case.head_dim)))
+        expected = mha(case, lambda q, k, v, **kw: forward(q, k, v, scale=s32, **kw).out)
+        return _judged(T.judge_layer(res.out, case, mask=masks["out"], ref=expected))
+    return _judge_against(case.replace(scale=float(np.float32(case.effective_scale))), case, res, masks)
+
+
+@alternative("finite_mask_bias", FORWARD + GRADIENTS, numeric=True)
+def _finite_mask_bias(entry, case, res, masks) -> Verdict:
+    """The reference with the boolean mask applied as the finite bias `value` instead of -inf."""
+    if case.mask is None:
+        return _judge_against(case, case, res, masks)
+    s = case.shape
+    full = (s["B"], s["Hq"], s["Lq"], s["Lk"])
+    bias = np.zeros((1, 1, 1, 1)) if case.bias is None else case.bias
+    alt_bias = np.broadcast_to(bias, full) + np.where(np.broadcast_to(case.mask, full), 0.0, float(entry["value"]))
+    alt = case.replace(mask=None, bias=alt_bias)
+    return _judge_against(alt, case, res, masks)
+
+
+@alternative("unmasked", FORWARD)
+def _unmasked(entry, case, res, masks) -> Verdict:
+    """The reference with the boolean mask ignored (on the covered rows)."""
+    return _judge_against(case.replace(mask=None), case, res, masks)
+
+
+def check(entry: dict[str, Any], case, res, masks: dict[str, np.ndarray]) -> Verdict:
+    """Judge the covered elements of `res` against the entry's alternative; elements that conform to
+    the spec itself are accepted as well (the implementation may have improved)."""
+    alt = ALTERNATIVES[entry["instead"]]
+    if not masks:
+        return Verdict(True)
+    v = alt.check(entry, case, res, masks)
+    if v.ok:
+        return v
+    if conforms(case, res, masks):
+        return Verdict(True, "conforms to the spec here")
+    return Verdict(False, f"does not behave as declared (instead = {entry['instead']!r}): {v.detail}")
+
+
+def conforms(case, res, masks: dict[str, np.ndarray]) -> bool:
+    """Whether the covered elements conform to the spec (the normal tolerance model)."""
+    if hasattr(case, "num_heads"):
+        return T.judge_layer(np.asarray(res.out), case, mask=masks.get("out")).ok
+    if "out" in masks and not T.judge_output(np.asarray(res.out), case, mask=masks["out"]).ok:
+        return False
+    if "lse" in masks and res.lse is not None and not T.judge_lse(np.asarray(res.lse), case, mask=masks["lse"]).ok:
+        return False
+    if res.grads and case.grad_out is not None and any(g in masks for g in GRADIENTS):
+        js = T.judge_gradients({n: np.asarray(g) for n, g in res.grads.items()}, case,
+                               masks={n: m for n, m in masks.items() if n in GRADIENTS})
+        if not all(j.ok for j in js):
+            return False
+    return True
