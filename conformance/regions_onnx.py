@@ -1,7 +1,8 @@
 """Regions for spec/divergences/onnx.toml (the `onnx` backend, adapters/onnx.py).
 
-Each predicate takes a Case and returns a bool (a case-level region) or a (B, Hq, Lq) bool array of
-covered rows. Where a region depends on how the adapter lays a case out (which mask shape reaches
+Each predicate takes a Case and returns a bool (a case region, registered with @case_region) or a
+(B, Hq, Lq) bool array of covered rows (@region). Importing this module (regions.load_all does) also
+registers the alternatives of conformance/alternatives_onnx.py. Where a region depends on how the adapter lays a case out (which mask shape reaches
 the operator, whether `unidirectional` is used), it asks the adapter's own mapping in
 adapters/onnx_graphs.py, so the region and the call cannot drift apart.
 """
@@ -10,25 +11,25 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.adapters.onnx_graphs import Inexpressible, attention_call, mha_call
-from attnconf.conformance.regions import region
+from attnconf.conformance.regions import case_region, region
 from attnconf.reference import Case, oracle
 
 
-@region
+@case_region
 def negative_scale(case: Case) -> bool:
     """A custom scale below 0 (ATTN-OP-4 allows any finite scale)."""
     scale = getattr(case, "scale", None)
     return scale is not None and scale < 0
 
 
-@region
+@case_region
 def nonpositive_scale(case: Case) -> bool:
     """A custom scale of 0 or below: onnxruntime's Attention kernel enforces `scale > 0`."""
     scale = getattr(case, "scale", None)
     return scale is not None and scale <= 0
 
 
-@region
+@case_region
 def attn_mask_broadcasts_queries(case: Case) -> bool:
     """The attn_mask that reaches the standard Attention operator has rank 1, or a query axis of size 1
     while Lq > 1 (broadcast over queries, as ATTN-MASK-1 and the ONNX schema allow)."""
@@ -147,7 +148,7 @@ def _ref_causal_mask(case: Case) -> np.ndarray | None:
     return call.feeds.get("attn_mask")
 
 
-@region
+@case_region
 def ref_causal_rank1_mask(case: Case) -> bool:
     """is_causal with a rank-1 attn_mask: the reference evaluator unpacks the mask's last two axes as
     (q, kv) and raises."""
@@ -155,7 +156,7 @@ def ref_causal_rank1_mask(case: Case) -> bool:
     return m is not None and m.ndim == 1
 
 
-@region
+@case_region
 def ref_causal_mask_broadcasts_queries(case: Case) -> bool:
     """is_causal with an attn_mask whose query axis is 1 while Lq > 1: the reference evaluator builds the
     causal frontier from the mask's shape, so every query row gets row 0's frontier."""
@@ -163,8 +164,11 @@ def ref_causal_mask_broadcasts_queries(case: Case) -> bool:
     return m is not None and m.ndim >= 2 and m.shape[-2] == 1 and case.shape["Lq"] > 1
 
 
-@region
+@case_region
 def float64_scale_or_softcap_attribute(case: Case) -> bool:
     """float64 cases with a custom scale or a softcap: ONNX carries both as float32 attributes."""
     return (getattr(case, "dtype", None) == "float64" and hasattr(case, "softcap")
             and (case.scale is not None or case.softcap is not None))
+
+
+from attnconf.conformance import alternatives_onnx  # noqa: E402,F401  (registers this backend's alternatives)
