@@ -47,8 +47,10 @@ def first_row_frontier_case(case: Case) -> Case:
 @alternative("causal_frontier_of_first_row", FORWARD)
 def _causal_frontier_of_first_row(entry, case, res, masks) -> Verdict:
     """What onnx's reference evaluator computes when attn_mask broadcasts over the query axis: it takes
-    q_sequence_length from the mask's shape, so every query row gets row 0's causal frontier."""
-    return _judge_against(first_row_frontier_case(case), case, res, masks)
+    q_sequence_length from the mask's shape, so every query row gets row 0's causal frontier. Judged as
+    that evaluator computes everything else (its effective scale; half precision as in
+    evaluator_half_precision)."""
+    return _judge_evaluator(effective_scale_case(first_row_frontier_case(case)), case, res, masks)
 
 
 # ---- the scale as Cast(Sqrt(scale), T1) ---------------------------------------------------------------
@@ -88,6 +90,90 @@ def _sqrt_scale_in_dtype(entry, case, res, masks) -> Verdict:
 def _function_body_scale(entry, case, res, masks) -> Verdict:
     """The spec's tolerance model for the problem with the function body's scale (function_body_scale_case)."""
     return _judge_against(function_body_scale_case(case), case, res, masks)
+
+
+# ---- onnx's reference evaluator in float16 / bfloat16 ----------------------------------------------
+
+def naive_half_softmax(case: Case) -> np.ndarray:
+    """The output of a naive implementation that runs the softmax in the case's half dtype: logits as the
+    baseline's sqrt(scale)-on-Q-and-K variant (Q and K each multiplied by sqrt(scale) and rounded, the
+    product accumulated in float32 and rounded), then the row maximum subtracted, exp, a row sum
+    accumulated sequentially and a division, each rounded to the dtype; P V accumulated in float32 and
+    rounded. It states what "softmax in the input precision" (the Attention schema's default
+    softmax_precision) costs, as naive_forward_half_accumulation does for dot products."""
+    from attnconf.reference.emulate import _rounder, seq_matmul  # noqa: PLC0415
+
+    r = _rounder(case.dtype)
+    s = case.shape
+    f = oracle(case)
+    root = np.sqrt(case.effective_scale)
+    with np.errstate(all="ignore"):
+        qs = r(case.q * root)
+        ks = r(expand_kv(case.k, s["Hq"]) * root)
+        lg = r(seq_matmul(qs, np.swapaxes(ks, -1, -2), "ascending"))
+        if case.softcap is not None:
+            c = np.float32(case.softcap)
+            lg = r(c * np.tanh(lg / c))
+        if case.bias is not None:
+            lg = r(lg + np.where(np.isneginf(case.bias), 0.0, case.bias).astype(np.float32))
+        lg = np.where(f.visible, lg, -np.inf).astype(np.float32)
+        m = lg.max(axis=-1, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0).astype(np.float32)
+        e = np.where(f.visible, r(np.exp(r(lg - m))), 0).astype(np.float32)
+        den = np.zeros(e.shape[:-1] + (1,), np.float32)
+        for j in range(e.shape[-1]):
+            den = r(den + e[..., j:j + 1])
+        w = r(np.where(den > 0, e / np.where(den > 0, den, 1), 0))
+        out = r(seq_matmul(w, expand_kv(case.v, s["Hq"]), "ascending"))
+    return out.astype(np.float64)
+
+
+def _judge_evaluator(alt: Case, case: Case, res, masks) -> Verdict:
+    """Judge against the nearby problem `alt`; in float16 / bfloat16 with the larger of the spec's baseline
+    error and that of naive_half_softmax (the evaluator's softmax runs in the input dtype)."""
+    from attnconf.reference import baseline_error  # noqa: PLC0415
+
+    if case.dtype not in ("float16", "bfloat16") or "out" not in masks:
+        return _judge_against(alt, case, res, masks)
+    ref = oracle(alt).out
+    with np.errstate(invalid="ignore"):
+        base = np.fmax(np.nan_to_num(np.abs(naive_half_softmax(alt) - ref), nan=0.0, posinf=0.0),
+                       baseline_error(alt)[0])
+    return _judged(T.judge_arrays(np.asarray(res.out), ref, base, case.dtype, quantity="out (half softmax)",
+                                  mask=masks["out"]))
+
+
+@alternative("evaluator_half_precision", FORWARD, numeric=True)
+def _evaluator_half_precision(entry, case, res, masks) -> Verdict:
+    """onnx's reference evaluator in float16 / bfloat16: the reference of the effective-scale problem
+    (effective_scale_case), within c_max x the error of a naive implementation whose softmax runs in the
+    dtype (naive_half_softmax) or the spec's baseline, whichever is larger, plus the floor."""
+    return _judge_evaluator(effective_scale_case(case), case, res, masks)
+
+
+# ---- MultiHeadAttention: rows emptied where the causal sentinel is finite ---------------------------
+
+@alternative("mean_of_causal_hidden_values", FORWARD)
+def _mean_of_causal_hidden_values(entry, case, res, masks) -> Verdict:
+    """Each covered row is the mean of V over the keys hidden by MultiHeadAttention's causal frontier alone
+    (_mha_causal_only_keys: its finite sentinel, assigned over key padding, absorbs the logits, so those keys get equal weight)."""
+    from attnconf.conformance.regions_onnx import _mha_causal_only_keys  # noqa: PLC0415
+    from attnconf.reference.emulate import _rounder, seq_matmul  # noqa: PLC0415
+
+    if "out" not in masks:
+        return Verdict(True)
+    rows = masks["out"].any(axis=-1)
+    keys = _mha_causal_only_keys(case)
+    keys = np.zeros(oracle(case).visible.shape, bool) if keys is None else keys & rows[..., None]
+    w = np.where(keys, 1.0 / np.maximum(keys.sum(axis=-1, keepdims=True), 1), 0.0)
+    v = expand_kv(case.v, case.shape["Hq"])
+    expected = np.einsum("bhij,bhjd->bhid", w, v)
+    r = _rounder(case.dtype)
+    naive = r(seq_matmul(r(w.astype(np.float32)), v.astype(np.float32), "ascending")).astype(np.float64)
+    vmax = np.where(rows[..., None], np.abs(v).max(axis=-2, keepdims=True), 0.0)
+    return _judged(T.judge_arrays(np.asarray(res.out), expected, np.abs(naive - expected), case.dtype,
+                                  quantity="out (mean of causally hidden values)", magnitude=vmax,
+                                  mask=masks["out"]))
 
 
 # ---- onnxruntime's float16 Attention: the additive sentinel -----------------------------------------

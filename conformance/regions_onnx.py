@@ -42,24 +42,38 @@ def attn_mask_broadcasts_queries(case: Case) -> bool:
     return m is not None and (m.ndim < 2 or (m.shape[-2] == 1 and case.shape["Lq"] > 1))
 
 
-@region
-def mha_causal_last_row(case: Case) -> np.ndarray | bool:
-    """Rows of com.microsoft.MultiHeadAttention that its `unidirectional` mask skips: the last query row
-    when the adapter passes the causal mask natively (offset 0) and there are more keys than queries.
-    Rows that see no key at all are left to the fully-masked-row entries."""
+def _mha_lifted_last_row(case: Case) -> np.ndarray | None:
+    """(B, Hq) whether MultiHeadAttention's last query row, which its causal loop skips when
+    kv_sequence_length > sequence_length, still sees a key once the causal mask is lifted. None where
+    unidirectional is not used natively or Lk <= Lq."""
     if not hasattr(case, "q") or case.q.ndim != 4 or case.causal is None:
-        return False
+        return None
     try:
         call = mha_call(case)
     except Inexpressible:
-        return False
+        return None
     s = case.shape
     if call.attrs.get("unidirectional") != 1 or s["Lk"] <= s["Lq"]:
-        return False
-    rows = np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
-    rows[:, :, -1] = oracle(case).visible[:, :, -1, :].any(axis=-1)
-    return rows
+        return None
+    from attnconf.reference import visibility  # noqa: PLC0415
 
+    full = (s["B"], s["Hq"], s["Lq"], s["Lk"])
+    lifted = visibility(full, mask=case.mask, bias=case.bias, q_lengths=case.q_lengths, kv_lengths=case.kv_lengths)
+    return lifted[:, :, -1, :].any(axis=-1)
+
+
+@region
+def mha_causal_last_row(case: Case) -> np.ndarray | bool:
+    """Rows of com.microsoft.MultiHeadAttention that its `unidirectional` mask skips: the last query row
+    when the adapter passes the causal mask natively (offset 0) and there are more keys than queries, where
+    that row sees some key once the causal mask is lifted (otherwise it is NaN: mha_rows_emptied_by_infinite_masks)."""
+    last = _mha_lifted_last_row(case)
+    if last is None or not last.any():
+        return False
+    s = case.shape
+    rows = np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    rows[:, :, -1] = last
+    return rows
 
 
 # ---- float16 logits at hidden positions ----------------------------------------
@@ -164,11 +178,91 @@ def ref_causal_mask_broadcasts_queries(case: Case) -> bool:
     return m is not None and m.ndim >= 2 and m.shape[-2] == 1 and case.shape["Lq"] > 1
 
 
+def _ref_other_entries(case: Case) -> bool:
+    """A case another reference-evaluator entry covers whole (NaN scale, causal frontier from the mask)."""
+    return negative_scale(case) or ref_causal_rank1_mask(case) or ref_causal_mask_broadcasts_queries(case)
+
+
 @case_region
 def float64_scale_or_softcap_attribute(case: Case) -> bool:
-    """float64 cases with a custom scale or a softcap: ONNX carries both as float32 attributes."""
+    """float64 cases with a custom scale or a softcap: ONNX carries both as float32 attributes. Cases that
+    ONNX-REF-NEGATIVE-SCALE-NAN or the causal-frontier entries cover are theirs."""
     return (getattr(case, "dtype", None) == "float64" and hasattr(case, "softcap")
-            and (case.scale is not None or case.softcap is not None))
+            and (case.scale is not None or case.softcap is not None) and not _ref_other_entries(case))
+
+
+@region
+def ref_half_precision_rows(case: Case) -> np.ndarray | bool:
+    """Every row of a float16 or bfloat16 case, except rows and cases other reference-evaluator entries
+    cover (hidden-logit overflow rows; negative scale; causal frontier from the mask)."""
+    if getattr(case, "dtype", None) not in ("float16", "bfloat16") or not hasattr(case, "q") or case.q.ndim != 4:
+        return False
+    if _ref_other_entries(case):
+        return False
+    s = case.shape
+    rows = np.ones((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    over = ref_f16_hidden_logit_overflow(case)
+    if not isinstance(over, bool):
+        rows &= ~over
+    return rows
+
+
+# ---- MultiHeadAttention: rows that see no key ---------------------------------------------------
+def _mha_causal_only_keys(case: Case) -> np.ndarray | None:
+    """(B, Hq, Lq, Lk) keys to which MultiHeadAttention gives its finite causal sentinel (lowest()) when
+    `unidirectional` is used: keys behind the causal frontier of rows 0 .. Lq-2 (its loop skips the last
+    row) and not hidden by what the adapter passes as -inf in attention_bias (mask, bias, folded query
+    padding). The sentinel is *assigned*, so it overwrites key padding (-inf) there. None where
+    unidirectional is not used."""
+    if not hasattr(case, "q") or case.q.ndim != 4 or case.causal is None:
+        return None
+    try:
+        call = mha_call(case)
+    except Inexpressible:
+        return None
+    if call.attrs.get("unidirectional") != 1:
+        return None
+    from attnconf.reference import visibility  # noqa: PLC0415
+
+    s = case.shape
+    full = (s["B"], s["Hq"], s["Lq"], s["Lk"])
+    from attnconf.reference.attention import causal_visible  # noqa: PLC0415
+
+    others = visibility(full, mask=case.mask, bias=case.bias, q_lengths=case.q_lengths)
+    keys = np.zeros(full, dtype=bool)
+    for b in range(s["B"]):
+        ql = None if case.q_lengths is None else int(case.q_lengths[b])
+        kl = None if case.kv_lengths is None else int(case.kv_lengths[b])
+        keys[b] = others[b] & ~causal_visible(s["Lq"], s["Lk"], case.causal, ql, kl)[None]
+    keys[:, :, -1, :] = False
+    return keys
+
+
+@region
+def mha_rows_emptied_with_causal_keys(case: Case) -> np.ndarray | bool:
+    """Rows that see no key where some key carries MultiHeadAttention's finite causal sentinel (lowest(),
+    _mha_causal_only_keys): such a row averages those keys' values."""
+    keys = _mha_causal_only_keys(case)
+    if keys is None:
+        return False
+    rows = ~oracle(case).visible.any(axis=-1) & keys.any(axis=-1)
+    return rows if rows.any() else False
+
+
+@region
+def mha_rows_emptied_by_infinite_masks(case: Case) -> np.ndarray | bool:
+    """Rows that see no key, every key hidden by an infinite mask (-inf attention_bias, padding with
+    mask_filter_value = -inf, folded query padding): MultiHeadAttention returns NaN there."""
+    if not hasattr(case, "q") or case.q.ndim != 4:
+        return False
+    rows = ~oracle(case).visible.any(axis=-1)
+    keys = _mha_causal_only_keys(case)
+    if keys is not None:
+        rows &= ~keys.any(axis=-1)
+    last = _mha_lifted_last_row(case)
+    if last is not None:
+        rows[:, :, -1] &= ~last
+    return rows if rows.any() else False
 
 
 from attnconf.conformance import alternatives_onnx  # noqa: E402,F401  (registers this backend's alternatives)

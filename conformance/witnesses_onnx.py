@@ -80,3 +80,13 @@ def onnx_ref_bf16_scale_in_dtype() -> Case:
     """The bfloat16 case onnx's reference evaluator failed under --hypothesis-seed=1 (Lq = Lk = 31, Dk = 72,
     logits ~300 with the top two 4.3 apart; error 0.23 where 0.071 is allowed), stored as .npz."""
     return Case.load(STORED / "onnx-ref-bf16-scale-in-dtype.npz")
+
+
+@witness
+def onnx_mha_causal_emptied_row() -> Case:
+    """Top-left causal 3 x 3 with key 0 masked for query 0: row 0 sees no key; keys 1 and 2 are hidden by
+    the causal frontier alone."""
+    q, k, v = _qkv(29, lq=3, lk=3)
+    mask = np.ones((1, 1, 3, 3), dtype=bool)
+    mask[0, 0, 0, 0] = False
+    return Case.build(2 * q, 2 * k, v, mask=mask, causal="top_left", dtype="float32")
