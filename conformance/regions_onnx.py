@@ -122,6 +122,7 @@ def ort_f16_masked_logit_survives_sentinel(case: Case) -> np.ndarray | bool:
     top = np.where(f.visible, f.logits, -np.inf).max(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):
         rows = (hidden & ((e > top - 40.0) | np.isposinf(e))).any(axis=-1)
+    rows &= f.visible.any(axis=-1)      # a row that sees no key still comes out 0 (measured)
     return rows if rows.any() else False
 
 
@@ -144,7 +145,8 @@ def ref_f16_hidden_logit_overflow(case: Case) -> np.ndarray | bool:
         if case.softcap is not None:
             c = np.float32(case.softcap)
             logit = np.tanh(logit / c) * c
-    rows = (np.isposinf(logit) & ~oracle(case).visible).any(axis=-1)
+    vis = oracle(case).visible
+    rows = (np.isposinf(logit) & ~vis).any(axis=-1) & vis.any(axis=-1)   # its guard zeroes rows that see no key
     return rows if rows.any() else False
 
 
@@ -181,6 +183,13 @@ def ref_causal_mask_broadcasts_queries(case: Case) -> bool:
 def _ref_other_entries(case: Case) -> bool:
     """A case another reference-evaluator entry covers whole (NaN scale, causal frontier from the mask)."""
     return negative_scale(case) or ref_causal_rank1_mask(case) or ref_causal_mask_broadcasts_queries(case)
+
+
+@case_region
+def ort_float64_function_body(case: Case) -> bool:
+    """float64 cases onnxruntime runs through Attention's function body, except those with a negative scale
+    (the body's Sqrt makes them NaN: ONNX-ORT-ATTN-F64-NEGATIVE-SCALE-NAN)."""
+    return getattr(case, "dtype", None) == "float64" and not negative_scale(case)
 
 
 @case_region

@@ -90,3 +90,10 @@ def onnx_mha_causal_emptied_row() -> Case:
     mask = np.ones((1, 1, 3, 3), dtype=bool)
     mask[0, 0, 0, 0] = False
     return Case.build(2 * q, 2 * k, v, mask=mask, causal="top_left", dtype="float32")
+
+
+@witness
+def onnx_negative_scale_f64() -> Case:
+    """onnx_negative_scale in float64 (onnxruntime runs float64 Attention through its function body)."""
+    q, k, v = _qkv(21)
+    return Case.build(q, k, v, scale=-0.35, dtype="float64")
