@@ -389,10 +389,11 @@ def gqa_call(case: Case) -> OpCall:
         optional["head_sink"] = t
     if P > 0 and B > 1 and Lq > 1:
         # "Without query_seqlens ... sequence_length > 1 requires batch_size == 1" with past context;
-        # query_seqlens = S says every row of the chunk is valid, and requires causal=1.
+        # query_seqlens = S says every row of the chunk is valid, and requires causal=1. Without causal
+        # the adapter runs one batch element per call (gqa_needs_split).
         if not causal:
             raise Inexpressible("GroupQueryAttention runs a batched multi-token chunk after a cache only with "
-                                "query_seqlens, which requires causal=1")
+                                "query_seqlens, which requires causal=1 (run one batch element per call)")
         feeds["query_seqlens"] = np.full(B, Lq, dtype=np.int32)
         optional["query_seqlens"] = "int32"
     order = ["seqlens_k", "total_sequence_length", "cos_cache", "sin_cache", "position_ids", "attention_bias",
@@ -449,3 +450,32 @@ def mha_call(case: Case) -> OpCall:
         inputs.append(("attention_bias", t))
     return OpCall("MultiHeadAttention", MS_DOMAIN, 21, inputs, feeds, attrs, [("output", t)],
                   unpack=lambda y: from_bsd(y, H), notes=notes)
+
+
+def gqa_needs_split(case: Case) -> bool:
+    """A non-causal multi-token chunk after a cache with B > 1: GroupQueryAttention takes it one batch
+    element at a time (its documented restriction without query_seqlens, which needs causal=1)."""
+    s = case.shape
+    ql, kl = lengths(case)
+    causal = case.causal is not None or case.window is not None
+    return s["B"] > 1 and s["Lq"] > 1 and not causal and int((kl - s["Lq"]).max(initial=0)) > 0
+
+
+def batch_element(case: Case, b: int) -> Case:
+    """Batch element b of `case` as a case of its own (masks and bias broadcast first, then sliced)."""
+    s = case.shape
+    full = (s["B"], s["Hq"], s["Lq"], s["Lk"])
+
+    def pick(a):
+        return None if a is None else np.broadcast_to(a, full)[b:b + 1]
+
+    changes: dict[str, Any] = {"q": case.q[b:b + 1], "k": case.k[b:b + 1], "v": case.v[b:b + 1],
+                               "mask": pick(case.mask), "bias": pick(case.bias)}
+    for name in ("q_lengths", "kv_lengths"):
+        arr = getattr(case, name)
+        changes[name] = None if arr is None else arr[b:b + 1]
+    if case.grad_out is not None:
+        changes["grad_out"] = case.grad_out[b:b + 1]
+    if case.alibi_slopes is not None and case.alibi_slopes.ndim == 2:
+        changes["alibi_slopes"] = case.alibi_slopes[b:b + 1]
+    return case.replace(**changes)

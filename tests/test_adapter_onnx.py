@@ -161,10 +161,12 @@ GQA_CASES = {
     "non-causal cache, B=1": lambda: make(B=1, Lq=3, Lk=9),
     "kv_lengths cache": lambda: make(Lq=3, Lk=9, kv_lengths=[5, 9], causal="bottom_right"),
     "mask": lambda: make(B=1, Lq=6, Lk=6, mask=keep_rows(6, 6, b=1)),
-    "bias": lambda: make(Lq=6, Lk=6, bias=RNG.normal(size=(1, 4, 6, 6)), causal="top_left"),
-    "mqa": lambda: make(Hkv=1, Lq=6, Lk=6, causal="top_left"),
-    "scale": lambda: make(Lq=6, Lk=6, causal="top_left", scale=-0.4),
+    "bias": lambda: make(Lq=6, Lk=6, bias=RNG.normal(size=(1, 4, 6, 6)), causal="bottom_right"),
+    "mqa": lambda: make(Hkv=1, Lq=6, Lk=6, causal="bottom_right"),
+    "scale": lambda: make(Lq=6, Lk=6, causal="bottom_right", scale=-0.4),
     "window": lambda: make(Lq=4, Lk=10, window=(2, 0), causal="bottom_right"),
+    "non-causal cache, B=2 (one call per element)": lambda: make(Lq=3, Lk=9, mask=keep_rows(3, 9),
+                                                                 kv_lengths=[5, 9]),
 }
 
 
@@ -191,6 +193,7 @@ def test_gqa_local_window_counts_the_current_key(impls):
     case = Case.build(RNG.normal(size=(1, 1, L, 8)), RNG.normal(size=(1, 1, L, 8)), np.eye(L)[None, None],
                       window=(2, 0), causal="bottom_right", dtype="float32")
     assert gqa_call(case).attrs["local_window_size"] == 3
+    assert impls["onnx:ort-gqa"].scope()["head_dims"][0] == 8
     w = impls["onnx:ort-gqa"].run(case).out[0, 0]
     assert ((w > 0) == oracle(case).visible[0, 0]).all()
 
@@ -230,9 +233,8 @@ REFUSALS = [  # (implementation, case, a fragment of the reason)
     ("onnx:ort-gqa", lambda: make(Dk=4, Dv=4, Lq=5, Lk=5), "multiple of 8"),
     ("onnx:ort-gqa", lambda: make(Dv=16), "lacks dv_ne_dk"),
     ("onnx:ort-gqa", lambda: make(Lq=7, Lk=5, causal="bottom_right"), "kv_len >= Lq"),
-    ("onnx:ort-gqa", lambda: make(Lq=3, Lk=7, causal="top_left"), "aligns causal"),
+    ("onnx:ort-gqa", lambda: make(Lq=3, Lk=7, causal="top_left"), "lacks causal_top_left"),
     ("onnx:ort-gqa", lambda: make(q_lengths=[2, 5]), "lacks q_lengths"),
-    ("onnx:ort-gqa", lambda: make(Lq=3, Lk=7), "query_seqlens"),
     ("onnx:ort-mha", lambda: make(), "lacks gqa"),
     ("onnx:ort-mha", lambda: make(Hkv=4, dtype="bfloat16"), "does not run bfloat16"),
     ("onnx:reference", lambda: make(grad_out=np.zeros((2, 4, 5, 8))), None),
