@@ -235,10 +235,17 @@ class OrtGqaAdapter(OrtAdapter):
         return res
 
     def kernel_name(self, call: OpCall) -> str:
+        # The tiled path's documented conditions (onnxruntime docs for the CPU GQA kernel): no attention_bias,
+        # softcap, smooth softmax or head_sink, total_sequence_length > 1; the binary exports it for float
+        # (ApplyAttentionFlash(const float*, ...)). Which path ran is inferred from these, not observed.
         flash_eligible = ("attention_bias" not in call.feeds and "softcap" not in call.attrs
-                          and "head_sink" not in call.feeds and int(call.feeds["total_sequence_length"]) > 1)
-        path = "unfused" if self.environment or not flash_eligible else "flash (default dispatch)"
-        return f"{super().kernel_name(call)}, {path} path"
+                          and "head_sink" not in call.feeds and int(call.feeds["total_sequence_length"]) > 1
+                          and call.inputs[0][1] == "float32")
+        if self.environment:
+            path = "unfused path (ORT_GQA_DISABLE_FLASH_ATTENTION=1)"
+        else:
+            path = "tiled flash path by its documented conditions" if flash_eligible else "unfused path"
+        return f"{super().kernel_name(call)}, {path}"
 
     def run_raw(self, q, k, v, dtype):
         q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
