@@ -345,3 +345,14 @@ def test_alternatives_reproduce_the_evaluator():
     assert np.abs(impl.run(c).out - oracle(alternatives_onnx.first_row_frontier_case(c)).out).max() < 1e-6
     c = WITNESSES["onnx_float64_exact_scale"]()
     assert np.abs(impl.run(c).out - oracle(alternatives_onnx.effective_scale_case(c)).out).max() < 1e-14
+
+
+@needs_ort
+@pytest.mark.parametrize("name", ["onnx:ort-attention", "onnx:ort-gqa", "onnx:reference"])
+def test_softcap_comes_before_the_bias_and_mask(impls, name):
+    """The capped logits get the bias and the mask (ATTN-CAP order): a -inf bias stays -inf after capping."""
+    m = np.ones((1, 1, 6, 6), dtype=bool)
+    m[0, 0, 3, :2] = False
+    case = Case.build(3 * RNG.normal(size=(1, 2, 6, 8)), 3 * RNG.normal(size=(1, 2, 6, 8)), RNG.normal(size=(1, 2, 6, 8)),
+                      bias=np.where(m, 0.5, -np.inf), causal="bottom_right", softcap=1.5, dtype="float32")
+    assert_close_naive32(impls[name].run(case).out, case)
