@@ -126,15 +126,11 @@ def ort_f16_masked_logit_survives_sentinel(case: Case) -> np.ndarray | bool:
     return rows if rows.any() else False
 
 
-@region
-def ref_f16_hidden_logit_overflow(case: Case) -> np.ndarray | bool:
-    """float16 rows where onnx's reference evaluator meets +inf + (-inf) = NaN: it computes
-    (Q * sqrt(s)) @ (K * sqrt(s))^T in float16 with NumPy and then adds a -inf bias at hidden
-    positions, so a hidden logit that overflows float16 poisons its row."""
-    if getattr(case, "dtype", None) != "float16" or not hasattr(case, "q") or case.q.ndim != 4:
-        return False
-    if _ref_other_entries(case):   # the causal frontier entries model those cases whole
-        return False
+def ref_f16_overflow_rows(case: Case, visible: np.ndarray) -> np.ndarray:
+    """(B, Hq, Lq): rows where onnx's reference evaluator meets +inf + (-inf) = NaN in float16, for the
+    given visibility: it computes (Q * sqrt(s)) @ (K * sqrt(s))^T in float16 with NumPy, exactly as
+    reproduced here, and adds a -inf bias at hidden positions afterwards; its guard zeroes rows that
+    see no key."""
     from attnconf.reference import expand_kv  # noqa: PLC0415
 
     s = case.shape
@@ -147,8 +143,19 @@ def ref_f16_hidden_logit_overflow(case: Case) -> np.ndarray | bool:
         if case.softcap is not None:
             c = np.float32(case.softcap)
             logit = np.tanh(logit / c) * c
-    vis = oracle(case).visible
-    rows = (np.isposinf(logit) & ~vis).any(axis=-1) & vis.any(axis=-1)   # its guard zeroes rows that see no key
+    return (np.isposinf(logit) & ~visible).any(axis=-1) & visible.any(axis=-1)
+
+
+@region
+def ref_f16_hidden_logit_overflow(case: Case) -> np.ndarray | bool:
+    """float16 rows where onnx's reference evaluator meets +inf + (-inf) = NaN: a hidden key whose float16
+    logit overflows poisons its row (ref_f16_overflow_rows). Cases the causal-frontier entries cover are
+    theirs (their alternative models this too)."""
+    if getattr(case, "dtype", None) != "float16" or not hasattr(case, "q") or case.q.ndim != 4:
+        return False
+    if _ref_other_entries(case):
+        return False
+    rows = ref_f16_overflow_rows(case, oracle(case).visible)
     return rows if rows.any() else False
 
 
