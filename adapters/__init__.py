@@ -63,6 +63,8 @@ def resolve_kernel(spec: str, check=check_sdpa_signature):
         if not hasattr(obj, part):
             raise UsageError(f"--kernel {spec}: {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
+    if isinstance(obj, Adapter) or (isinstance(obj, type) and issubclass(obj, Adapter)):
+        return obj                      # a ready-made adapter: it declares and converts for itself
     reason = check(obj)
     if reason:
         raise UsageError(f"--kernel {spec}: {reason}")
@@ -86,7 +88,13 @@ def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
         raise UsageError(f"unknown device {device!r} for backend {backend!r}; choose from {', '.join(module.DEVICES)}")
     if kernel is not None:
         fn = resolve_kernel(kernel, getattr(module, "check_kernel_signature", check_sdpa_signature))
-        return [module.kernel_adapter(fn, device, f"{backend}:kernel:{kernel}")]
+        name = f"{backend}:kernel:{kernel}"
+        if isinstance(fn, type) and issubclass(fn, Adapter):
+            fn = fn(device)
+        if isinstance(fn, Adapter):      # e.g. a kernel whose calling convention needs the whole Case
+            fn.name, fn.trusted = name, False
+            return [fn]
+        return [module.kernel_adapter(fn, device, name)]
     adapters = module.implementations(device, options)
     if impl is not None:
         wanted = {w.strip() for w in impl.split(",")}
