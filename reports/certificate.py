@@ -30,6 +30,22 @@ FEATURE_WORDS = {
 ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
+def slug(run: dict[str, Any]) -> str:
+    env = run["environment"]
+    text = f"{env.get('kernel') or 'kernel'}-{env['backend']}-{env['device']}"
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:80] or "kernel"
+
+
+def ratios_by_dtype(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for rec in run["records"]:
+        for dtype, stats in (rec.get("ratios") or {}).items():
+            agg = out.setdefault(dtype, {"max": None, "cases": 0})
+            agg["max"] = worst_ratio(agg["max"], stats.get("max"))
+            agg["cases"] += int(stats.get("cases") or 0)
+    return dict(sorted(out.items()))
+
+
 def scope_sentence(scope: dict[str, Any]) -> tuple[str, str]:
     """("certified for ...", "not covered: ...") in plain words, from an implementation's declared scope."""
     dtypes = [d for d in ALL_DTYPES if d in (scope.get("dtypes") or [])]

@@ -280,7 +280,8 @@ def build(
             key = ImplKey(c["implementation"], device)
             col = Column(key, c["dtype"])
             recs = [r for r in by_cell.get((c["implementation"], c["clause"]), [])
-                    if (r.get("dtype") or ANY_DTYPE) == c["dtype"]]
+                    if (r.get("dtype") or ANY_DTYPE) == c["dtype"]
+                    or (r.get("dtype") is None and c["dtype"] in (r.get("ratios") or {}))]
             ratio = None
             for r in recs:
                 stats = (r.get("ratios") or {}).get(c["dtype"]) if c["dtype"] != ANY_DTYPE else None
