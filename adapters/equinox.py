@@ -181,8 +181,16 @@ def implementations(device: str, options: dict[str, Any]) -> list[Adapter]:
     return [EqxDpaAdapter(device, options), EqxMhaAdapter(device, options)]
 
 
+NO_KERNEL = ("--backend=equinox has no kernel calling convention of its own; give a per-head kernel as "
+             "--backend=jax --kernel=MODULE:ATTR (jax.nn.dot_product_attention convention)")
+
+
+def check_kernel_signature(fn) -> str | None:
+    """Every --kernel is refused: equinox has no attention-function convention a kernel could plug into."""
+    return NO_KERNEL
+
+
 def kernel_adapter(fn, device: str, name: str) -> Adapter:
     from . import UsageError
 
-    raise UsageError("--backend=equinox has no kernel calling convention of its own; give a per-head kernel as "
-                     "--backend=jax --kernel=MODULE:ATTR (jax.nn.dot_product_attention convention)")
+    raise UsageError(NO_KERNEL)

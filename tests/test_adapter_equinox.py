@@ -1,0 +1,163 @@
+"""The equinox backend: equinox.nn.MultiheadAttention (equinox:mha) and the per-head function it calls
+(equinox:dpa): how a Case is mapped, that the declared scope is honest, and that each divergence's
+witness shows its behaviour."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+eqx = pytest.importorskip("equinox")
+
+from attnconf import adapters, spec  # noqa: E402
+from attnconf.adapters.equinox import EqxDpaAdapter  # noqa: E402
+from attnconf.adapters.equinox_layer import EqxMhaAdapter  # noqa: E402
+from attnconf.conformance.alternatives_flax import masked_logits_constant  # noqa: E402
+from attnconf.conformance.tolerance import judge_layer, judge_output  # noqa: E402
+from attnconf.conformance.witnesses import WITNESSES  # noqa: E402
+from attnconf.reference import Case, oracle  # noqa: E402
+from attnconf.reference.backward import backward  # noqa: E402
+from attnconf.reference.layer import LayerCase, mha, random_layer_case  # noqa: E402
+
+RNG = np.random.default_rng(12)
+
+
+def qkv(b=2, hq=3, hkv=3, lq=5, lk=7, d=8, dv=None):
+    return (RNG.standard_normal((b, hq, lq, d)), RNG.standard_normal((b, hkv, lk, d)),
+            RNG.standard_normal((b, hkv, lk, dv or d)))
+
+
+def visible_err(res, case):
+    f = oracle(case)
+    rows = f.visible.any(-1)
+    return float(np.abs(res.out - f.out)[rows].max())
+
+
+CASES = {
+    "plain": dict(),
+    "mask": dict(mask=RNG.random((2, 1, 5, 7)) > 0.3),
+    "mask+causal_tl": dict(mask=RNG.random((2, 3, 5, 7)) > 0.2, causal="top_left"),
+    "causal_br": dict(causal="bottom_right"),
+    "lengths+causal_br": dict(q_lengths=[5, 2], kv_lengths=[3, 7], causal="bottom_right"),
+    "scale": dict(scale=0.37),
+}
+
+
+@pytest.fixture(scope="module")
+def dpa():
+    return EqxDpaAdapter("cpu", {})
+
+
+def test_implementations_and_no_kernel_convention():
+    assert [a.name for a in adapters.load("equinox")] == ["equinox:dpa", "equinox:mha"]
+    with pytest.raises(adapters.UsageError, match="no kernel calling convention"):
+        adapters.load("equinox", kernel="equinox.nn:MultiheadAttention")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("dtype,tol", [("float32", 2e-6), ("float64", 1e-13)])
+def test_dpa_matches_reference(dpa, name, dtype, tol):
+    q, k, v = qkv()
+    case = Case.build(q, k, v, dtype=dtype, **CASES[name])
+    assert dpa.supports(case) is True
+    res = dpa.run(case)
+    assert res.out_dtype == dtype and res.out.shape == case.out_shape
+    assert visible_err(res, case) < tol
+
+
+def test_custom_scale_is_not_dropped(dpa):
+    q, k, v = qkv()
+    res = dpa.run(Case.build(q, k, v, dtype="float32", scale=2.0))
+    assert "driven through Q" in res.notes["scale"]
+    assert np.abs(res.out - oracle(Case.build(q, k, v, dtype="float32")).out).max() > 0.1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision(dpa, dtype):
+    q, k, v = qkv()
+    case = Case.build(q, k, v, dtype=dtype, causal="top_left")
+    res = dpa.run(case)
+    assert res.out_dtype == dtype and judge_output(res.out, case).ok
+
+
+@pytest.mark.parametrize("params,missing", [
+    (dict(bias=np.zeros((5, 7))), "bias"), (dict(window=(2, 0)), "window_bottom_right"),
+    (dict(softcap=5.0), "softcap"), (dict(sinks=np.zeros(3)), "sinks"),
+    (dict(layout="broadcast_kv"), "broadcast_kv")])
+def test_outside_scope_is_refused_with_a_reason(dpa, params, missing):
+    q, k, v = qkv()
+    assert missing in dpa.supports(Case.build(q, k, v, **params))
+
+
+def test_gqa_is_refused(dpa):
+    q, k, v = qkv(hq=6, hkv=2)
+    assert "gqa" in dpa.supports(Case.build(q, k, v))
+
+
+def test_gradients(dpa):
+    q, k, v = qkv(dv=5)
+    case = Case.build(q, k, v, causal="bottom_right", kv_lengths=[7, 6], dtype="float64", scale=0.3,
+                      grad_out=RNG.standard_normal((2, 3, 5, 5)))
+    res = dpa.run(case, grads=True)
+    ref = backward(case)
+    for n in ("dq", "dk", "dv"):
+        assert np.abs(res.grads[n] - getattr(ref, n)).max() < 1e-12, n
+
+
+def test_fully_masked_rows_are_the_mean_of_v(dpa):
+    """EQX-EMPTY-MEAN / EQX-EMPTY-GRADS: no bias, so every empty row is the mean of all Lk value rows
+    (the vocabulary's mean_of_values), and equals the flax alternative too."""
+    q, k, v = qkv(b=1, hq=1, hkv=1, lq=4, lk=5)
+    mask = np.ones((1, 1, 4, 5), dtype=bool)
+    mask[..., 1, :] = False
+    case = Case.build(q, k, v, mask=mask, q_lengths=[3], dtype="float64", grad_out=RNG.standard_normal((1, 1, 4, 8)))
+    res = dpa.run(case, grads=True)
+    np.testing.assert_allclose(res.out[0, 0, [1, 3]], np.broadcast_to(v[0, 0].mean(0), (2, 8)), atol=1e-13)
+    alt = masked_logits_constant(case)
+    for name in ("out", "dq", "dk", "dv"):
+        got = res.out if name == "out" else res.grads[name]
+        assert np.abs(got - alt[name]).max() < 1e-12, name
+    assert (res.grads["dq"][0, 0, [1, 3]] == 0).all()
+
+
+def test_every_witness_diverges(dpa):
+    entries = spec.divergences("equinox")
+    assert {e["id"] for e in entries} == {"EQX-EMPTY-MEAN", "EQX-EMPTY-GRADS"}
+    for e in entries:
+        case = WITNESSES[e["witness"]]()
+        assert not judge_output(dpa.run(case).out, case).ok, e["id"]
+
+
+def test_layer_witness_diverges():
+    case = WITNESSES["fully_masked_row"]()
+    lc = random_layer_case(np.random.default_rng(0), 1, 4, 6, 8, 1, dtype="float32", mask=oracle(case).visible[:, 0])
+    assert not judge_layer(EqxMhaAdapter("cpu", {}).run_layer(lc), lc).ok
+
+
+def test_dropout(dpa):
+    q, k = 0.5 * RNG.standard_normal((1, 4, 8, 8)), 0.5 * RNG.standard_normal((1, 4, 8, 8))
+    v = np.broadcast_to(np.eye(8), (1, 4, 8, 8)).copy()
+    case = Case.build(q, k, v, dtype="float32", dropout_p=0.25, seed=5)
+    out = dpa.run(case).out
+    w = oracle(case.replace(dropout_p=0.0)).out
+    kept = out != 0
+    assert np.allclose(out[kept], (w / 0.75)[kept], rtol=1e-5)
+    assert 0 < kept.mean() < 1
+    assert (dpa.run(case.replace(seed=6)).out != out).any()
+
+
+def test_layer_maps_weights_and_per_projection_biases():
+    layer = EqxMhaAdapter("cpu", {})
+    B, Lq, Lk, E, H = 2, 5, 6, 12, 3
+    r = lambda *s: RNG.standard_normal(s) * 0.5  # noqa: E731
+    mask = RNG.random((B, Lq, Lk)) > 0.3
+    mask[..., 0] = True
+    for params in (dict(b_q=r(E), b_o=r(E), mask=mask), dict(causal="top_left"), dict(b_k=r(E), b_v=r(E))):
+        lq = Lk if params.get("causal") else Lq
+        lc = LayerCase.build(r(B, lq, E), r(B, Lk, E), r(B, Lk, E), r(E, E), r(E, E), r(E, E), r(E, E),
+                             num_heads=H, dtype="float64", **params)
+        m = layer.module(lc)
+        assert m.use_query_bias == ("b_q" in params) and m.use_value_bias == ("b_v" in params)
+        assert layer.supports_layer(lc) is True
+        assert np.abs(layer.run_layer(lc) - mha(lc)).max() < 1e-13
+    assert "layer" in layer.supports(Case.build(*qkv()))
