@@ -27,7 +27,7 @@ test-own: setup
 	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider
 
 test-suites: setup
-	@for b in numpy torch jax tensorflow; do \
+	@for b in numpy torch jax tensorflow flax equinox; do \
 	  echo "== conformance --backend=$$b"; \
 	  $(PY) -m pytest conformance --backend=$$b --hypothesis-profile=ci -q -p no:cacheprovider \
 	      --report=.attnconf-ci/$$b.json || exit 1; \
