@@ -2,6 +2,8 @@
 
 Implementations:
 - `flax:linen-dpa`: `flax.linen.dot_product_attention` (flax/linen/attention.py), under `jax.jit`.
+- `flax:linen-dpa-fp32-softmax`: the same function with `force_fp32_for_softmax=True`, flax's
+  mixed-precision option.
 - `flax:linen-mha`: `flax.linen.MultiHeadDotProductAttention` as a layer adapter (ATTN-MHA-1), whose
   default `attention_fn` is the same `dot_product_attention`.
 
@@ -13,7 +15,7 @@ The calling convention, read from flax/linen/attention.py (flax 0.12.8):
 - `bias`: added to the scaled logits, broadcast to `[batch..., num_heads, q_length, kv_length]`.
 - No scale argument: the query is divided by `jnp.sqrt(depth).astype(dtype)` in the input dtype
   before Q K^T. A case's custom scale s is therefore driven through Q (adapters/prescaled.py):
-  Q * (s * sqrt(Dk)) rounded once to the dtype; a case where that overflows is refused.
+  Q * (s * sqrt(Dk)), used only where that product is exact in the dtype (otherwise refused).
 - No GQA (an assert requires equal head counts), no lengths arguments, no causal flag: causal
   masking and padding are expressed with flax's own helpers, `make_causal_mask` (top-left, for
   Lq = Lk), `make_attention_mask` (a pairwise comparison of query and key positions or validity
@@ -116,7 +118,8 @@ def _attend_vjp(fn, q, k, v, bias, user_mask, q_valid, k_valid, offset, rng, d_o
         return _attend(fn, q, k, v, bias, user_mask, q_valid, k_valid, offset, rng, causal=causal,
                        dropout_rate=dropout_rate)
     out, pull = jax.vjp(f, q, k, v, bias)
-    return out, pull(d_out)
+    # the cotangent has the output's dtype (float32 for half inputs under force_fp32_for_softmax)
+    return out, pull(d_out.astype(out.dtype))
 
 
 _STATIC = ("causal", "dropout_rate")
@@ -137,7 +140,7 @@ class LinenDpaAdapter(Adapter):
         super().__init__("gpu" if device == "cuda" else device)
         self.options = dict(options or {})
         self.fn = nn.dot_product_attention if fn is None else fn
-        if name is not None:
+        if name is not None:   # a third-party --kernel
             self.name = name
             self.trusted = False
         self._fwd = jax.jit(functools.partial(_attend, self.fn), static_argnames=_STATIC)
@@ -210,6 +213,25 @@ class LinenDpaAdapter(Adapter):
                 "force_fp32_for_softmax": False}
 
 
+class LinenDpaFp32SoftmaxAdapter(LinenDpaAdapter):
+    """`flax.linen.dot_product_attention(..., force_fp32_for_softmax=True)`: flax's mixed-precision option
+    (its docs: "whether to force the softmax to be computed in fp32"), passed the way flax's own test
+    passes it to MultiHeadDotProductAttention: `functools.partial(nn.dot_product_attention,
+    force_fp32_for_softmax=True)`. The weights then stay float32, so for float16/bfloat16 inputs the
+    output comes back float32, and for float64 inputs the softmax drops to float32."""
+
+    name = "flax:linen-dpa-fp32-softmax"
+
+    def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):
+        super().__init__(device, options, fn=functools.partial(nn.dot_product_attention, force_fp32_for_softmax=True))
+
+    def kernel_name(self) -> str:
+        return "flax.linen.dot_product_attention(force_fp32_for_softmax=True) under jax.jit"
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "force_fp32_for_softmax": True}
+
+
 def framework_versions(device: str, options: dict[str, Any]) -> dict[str, Any]:
     import jaxlib
 
@@ -228,7 +250,8 @@ def implementations(device: str, options: dict[str, Any]) -> list[Adapter]:
     from .flax_layer import LinenMhaAdapter
 
     device = "gpu" if device == "cuda" else device
-    return [LinenDpaAdapter(device, options), LinenMhaAdapter(device, options)]
+    return [LinenDpaAdapter(device, options), LinenDpaFp32SoftmaxAdapter(device, options),
+            LinenMhaAdapter(device, options)]
 
 
 ATTENTION_FN_CONVENTION = ("query", "key", "value", "bias", "mask", "dropout_rng", "dropout_rate", "deterministic",

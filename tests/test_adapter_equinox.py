@@ -13,24 +13,34 @@ from attnconf import adapters, spec  # noqa: E402
 from attnconf.adapters.equinox import EqxDpaAdapter  # noqa: E402
 from attnconf.adapters.equinox_layer import EqxMhaAdapter  # noqa: E402
 from attnconf.conformance.alternatives_flax import masked_logits_constant  # noqa: E402
-from attnconf.conformance.tolerance import judge_layer, judge_output  # noqa: E402
+from attnconf.conformance.tolerance import judge_gradients, judge_layer, judge_output  # noqa: E402
 from attnconf.conformance.witnesses import WITNESSES  # noqa: E402
-from attnconf.reference import Case, oracle  # noqa: E402
+from attnconf.reference import Case, numpy_dtype, oracle  # noqa: E402
 from attnconf.reference.backward import backward  # noqa: E402
 from attnconf.reference.layer import LayerCase, mha, random_layer_case  # noqa: E402
 
 RNG = np.random.default_rng(12)
 
 
-def qkv(b=2, hq=3, hkv=3, lq=5, lk=7, d=8, dv=None):
+def qkv(b=2, hq=3, hkv=3, lq=5, lk=7, d=16, dv=None):
     return (RNG.standard_normal((b, hq, lq, d)), RNG.standard_normal((b, hkv, lk, d)),
             RNG.standard_normal((b, hkv, lk, dv or d)))
 
 
-def visible_err(res, case):
+def close(got, want, case) -> bool:
+    """|got - want| within the rounding of sums of Lk and Dk terms at the case's dtype:
+    8 (Lk + Dk) eps(dtype) max(1, |want|)."""
+    s = case.shape
+    eps = float(np.finfo(numpy_dtype(case.dtype)).eps)
+    bound = 8 * (s["Lk"] + s["Dk"]) * eps * max(1.0, float(np.abs(want).max(initial=0.0)))
+    return float(np.abs(got - want).max(initial=0.0)) <= bound
+
+
+def conforms_off_empty_rows(out, case) -> bool:
+    """The tolerance model's verdict on every row that sees a key (empty rows are the divergence tests')."""
     f = oracle(case)
-    rows = f.visible.any(-1)
-    return float(np.abs(res.out - f.out)[rows].max())
+    empty = ~f.visible.any(-1)
+    return judge_output(np.where(empty[..., None], f.out, out), case).ok
 
 
 CASES = {
@@ -39,7 +49,7 @@ CASES = {
     "mask+causal_tl": dict(mask=RNG.random((2, 3, 5, 7)) > 0.2, causal="top_left"),
     "causal_br": dict(causal="bottom_right"),
     "lengths+causal_br": dict(q_lengths=[5, 2], kv_lengths=[3, 7], causal="bottom_right"),
-    "scale": dict(scale=0.37),
+    "scale": dict(scale=0.125),
 }
 
 
@@ -55,14 +65,14 @@ def test_implementations_and_no_kernel_convention():
 
 
 @pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("dtype,tol", [("float32", 2e-6), ("float64", 1e-13)])
-def test_dpa_matches_reference(dpa, name, dtype, tol):
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_dpa_matches_reference(dpa, name, dtype):
     q, k, v = qkv()
     case = Case.build(q, k, v, dtype=dtype, **CASES[name])
     assert dpa.supports(case) is True
     res = dpa.run(case)
     assert res.out_dtype == dtype and res.out.shape == case.out_shape
-    assert visible_err(res, case) < tol
+    assert conforms_off_empty_rows(res.out, case)
 
 
 def test_custom_scale_is_not_dropped(dpa):
@@ -96,27 +106,26 @@ def test_gqa_is_refused(dpa):
 
 def test_gradients(dpa):
     q, k, v = qkv(dv=5)
-    case = Case.build(q, k, v, causal="bottom_right", kv_lengths=[7, 6], dtype="float64", scale=0.3,
+    case = Case.build(q, k, v, causal="bottom_right", kv_lengths=[7, 6], dtype="float64", scale=0.5,
                       grad_out=RNG.standard_normal((2, 3, 5, 5)))
     res = dpa.run(case, grads=True)
-    ref = backward(case)
-    for n in ("dq", "dk", "dv"):
-        assert np.abs(res.grads[n] - getattr(ref, n)).max() < 1e-12, n
+    assert set(res.grads) == {"dq", "dk", "dv"}
+    assert all(j.ok for j in judge_gradients(res.grads, case))
 
 
 def test_fully_masked_rows_are_the_mean_of_v(dpa):
     """EQX-EMPTY-MEAN / EQX-EMPTY-GRADS: no bias, so every empty row is the mean of all Lk value rows
     (the vocabulary's mean_of_values), and equals the flax alternative too."""
-    q, k, v = qkv(b=1, hq=1, hkv=1, lq=4, lk=5)
+    q, k, v = qkv(b=1, hq=1, hkv=1, lq=4, lk=5, d=8)
     mask = np.ones((1, 1, 4, 5), dtype=bool)
     mask[..., 1, :] = False
     case = Case.build(q, k, v, mask=mask, q_lengths=[3], dtype="float64", grad_out=RNG.standard_normal((1, 1, 4, 8)))
     res = dpa.run(case, grads=True)
-    np.testing.assert_allclose(res.out[0, 0, [1, 3]], np.broadcast_to(v[0, 0].mean(0), (2, 8)), atol=1e-13)
+    assert close(res.out[0, 0, [1, 3]], np.broadcast_to(v[0, 0].mean(0), (2, 8)), case)
     alt = masked_logits_constant(case)
     for name in ("out", "dq", "dk", "dv"):
         got = res.out if name == "out" else res.grads[name]
-        assert np.abs(got - alt[name]).max() < 1e-12, name
+        assert close(got, alt[name], case), name
     assert (res.grads["dq"][0, 0, [1, 3]] == 0).all()
 
 
@@ -141,7 +150,7 @@ def test_dropout(dpa):
     out = dpa.run(case).out
     w = oracle(case.replace(dropout_p=0.0)).out
     kept = out != 0
-    assert np.allclose(out[kept], (w / 0.75)[kept], rtol=1e-5)
+    assert close(out[kept], (w / 0.75)[kept], case)
     assert 0 < kept.mean() < 1
     assert (dpa.run(case.replace(seed=6)).out != out).any()
 
@@ -159,5 +168,5 @@ def test_layer_maps_weights_and_per_projection_biases():
         m = layer.module(lc)
         assert m.use_query_bias == ("b_q" in params) and m.use_value_bias == ("b_v" in params)
         assert layer.supports_layer(lc) is True
-        assert np.abs(layer.run_layer(lc) - mha(lc)).max() < 1e-13
+        assert judge_layer(layer.run_layer(lc), lc).ok
     assert "layer" in layer.supports(Case.build(*qkv()))
