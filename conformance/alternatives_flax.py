@@ -84,3 +84,17 @@ def masked_logits_constant(case: Case) -> dict[str, np.ndarray]:
 
 
 ALTERNATIVES = {"masked_logits_constant": masked_logits_constant}
+
+
+def output_dtype_float32(case: Case) -> dict[str, np.ndarray]:
+    """`flax.linen.dot_product_attention(..., force_fp32_for_softmax=True)` on float16/bfloat16 inputs:
+    the weights stay float32, so P V promotes to float32 and `out` comes back float32 instead of the
+    input dtype (ATTN-OP-5). Check: out.dtype == float32, and its values against the reference under
+    the tolerance model of the case's own dtype (they are at least that accurate: nothing is rounded
+    to the half type after the logits). Returns the reference values; the dtype is the alternative."""
+    from attnconf.reference import oracle
+
+    return {"out": oracle(case).out, "out_dtype": np.array("float32")}
+
+
+ALTERNATIVES["output_dtype_float32"] = output_dtype_float32
