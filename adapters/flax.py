@@ -221,6 +221,11 @@ class LinenDpaFp32SoftmaxAdapter(LinenDpaAdapter):
     output comes back float32, and for float64 inputs the softmax drops to float32."""
 
     name = "flax:linen-dpa-fp32-softmax"
+    # float32 inputs take exactly flax:linen-dpa's code path (the option acts only when dtype != float32),
+    # and every float64/float16/bfloat16 case falls in a case-level divergence until the per-element
+    # checks land; half the examples keep the flax ci run near 60 s (measured: this implementation cost
+    # 51 of 169 s of a ci run at load 9 with the full budget).
+    example_budget = 0.5
 
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):
         super().__init__(device, options, fn=functools.partial(nn.dot_product_attention, force_fp32_for_softmax=True))
