@@ -65,7 +65,7 @@ def test_implementations_and_no_kernel_convention():
 
 
 @pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])   # half precision: test_half_precision*
 def test_dpa_matches_reference(dpa, name, dtype):
     q, k, v = qkv()
     case = Case.build(q, k, v, dtype=dtype, **CASES[name])

@@ -73,7 +73,7 @@ def test_implementations_and_install_hint():
 
 
 @pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])   # half precision: test_half_precision*
 def test_dpa_matches_reference(dpa, name, dtype):
     q, k, v = qkv()
     case = Case.build(q, k, v, dtype=dtype, **CASES[name])
