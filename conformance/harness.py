@@ -392,8 +392,10 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
 
 
 def by_specificity(applied: list) -> list:
-    """Entries with row regions first, then case regions, the catch-all region "any" last."""
-    return sorted(applied, key=lambda a: (a.rows is None, a.entry["region"] == "any"))
+    """Entries with row regions first, then case regions, the catch-all region "any" last; among
+    equals, NaN-like alternatives first (a NaN row makes every gradient element it reaches NaN)."""
+    return sorted(applied, key=lambda a: (a.rows is None, a.entry["region"] == "any",
+                                          a.instead not in ("nan", "non_finite")))
 
 
 def _raised_as_declared(rec: TestRecord, raising: list) -> None:
