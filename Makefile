@@ -32,9 +32,10 @@ test-suites: setup
 	  $(PY) -m pytest conformance --backend=$$b --hypothesis-profile=ci -q -p no:cacheprovider \
 	      --report=.attnconf-ci/$$b.json || exit 1; \
 	done
+	$(PY) -m attnconf.conformance.entries_check .attnconf-ci/*.json
 
 test-catalogue: setup
-	$(PY) -m pytest tests/test_catalogue.py -q -m slow -p no:cacheprovider -n 2
+	$(PY) -m pytest tests/test_catalogue.py tests/test_verdicts.py -q -m slow -p no:cacheprovider -n 2
 
 long: setup
 	$(PY) -m pytest conformance --backend=torch --long --measure-memory -k "long or memory" -q
