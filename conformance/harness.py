@@ -367,7 +367,7 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
         for a in widened:
             rec.note_divergent(a.id)
     for a in raising:           # declared to raise, returned instead: judged as usual below (it may have improved)
-        observe(impl, "DIVERGENCE", a.id, "returned a result where the entry declares that the call raises", case)
+        observe(impl, a.entry["clause"], a.id, "returned a result where the entry declares that the call raises", case)
     exempt: dict[str, np.ndarray] = {}
     for a in by_specificity(applied):
         if a.instead in ("raises", "returns"):
