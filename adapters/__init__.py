@@ -2,26 +2,21 @@
 
 `load()` turns the command-line choice (backend, device, implementation,
 third-party kernel) into adapter objects, and every mistake in that choice
-into a `UsageError` with a one-line message.
+into a `UsageError` with a one-line message. The backends themselves are
+declared once, in `registry.py`.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any
+from typing import Any, Mapping
 
-from .base import CAPABILITIES, Adapter, KernelError, Result
+from .base import CAPABILITIES, Adapter, Implementation, KernelError, LayerAdapter, Result
 from .callable import CallableAdapter, check_sdpa_signature
+from .registry import REGISTRY, Backend
 
-# backend name -> (adapter module, framework import name)
-BACKENDS: dict[str, tuple[str, str]] = {
-    "numpy": ("attnconf.adapters.numpy", "numpy"),
-    "torch": ("attnconf.adapters.torch", "torch"),
-    "jax": ("attnconf.adapters.jax", "jax"),
-    "tensorflow": ("attnconf.adapters.tensorflow", "tensorflow"),
-}
-INSTALL_HINTS = {"numpy": "pip install numpy ml_dtypes", "torch": "pip install torch==2.13.0",
-                 "jax": "pip install 'jax[cpu]' flax", "tensorflow": "pip install tensorflow-cpu"}
+# Backend name -> declaration (registry.py: the built-ins and the `attnconf.backends` entry points).
+BACKENDS: Mapping[str, Backend] = REGISTRY
 
 
 class UsageError(Exception):
@@ -29,24 +24,38 @@ class UsageError(Exception):
 
 
 def framework_installed(backend: str) -> bool:
-    return importlib.util.find_spec(BACKENDS[backend][1]) is not None
+    """The backend's framework and its adapter module are present (nothing is imported)."""
+    return BACKENDS[backend].installed()
 
 
 def available_backends() -> list[str]:
-    """The backends whose framework is installed here."""
+    """The backends that can run here: adapter module present and framework installed."""
     return [b for b in BACKENDS if framework_installed(b)]
 
 
 def backend_module(backend: str):
+    """Import the adapter module of `backend`, or raise UsageError saying what is missing."""
     if backend not in BACKENDS:
-        installed = ", ".join(available_backends())
+        installed = ", ".join(available_backends()) or "none"
         missing = ", ".join(b for b in BACKENDS if not framework_installed(b)) or "none"
         raise UsageError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)} "
                          f"(installed: {installed}; not installed: {missing})")
-    if not framework_installed(backend):
-        raise UsageError(f"backend {backend!r} needs {BACKENDS[backend][1]}, which is not installed; "
-                         f"install it with: {INSTALL_HINTS[backend]}")
-    return importlib.import_module(BACKENDS[backend][0])
+    decl = BACKENDS[backend]
+    if not decl.installed():
+        raise UsageError(f"backend {backend!r}: {decl.status()}; install it with: {decl.install_hint}")
+    try:
+        return importlib.import_module(decl.module)
+    except Exception as exc:  # the framework is there but does not import (broken install, ABI mismatch)
+        first = (str(exc).splitlines() or [""])[0]
+        raise UsageError(f"backend {backend!r}: importing {decl.module} failed: {type(exc).__name__}: {first}") from None
+
+
+def backend_devices(backend: str, module=None) -> tuple[str, ...]:
+    """The devices a backend runs on: its declaration, else (entry points) the module's DEVICES."""
+    declared = BACKENDS[backend].devices
+    if declared is not None:
+        return declared
+    return tuple(getattr(module or backend_module(backend), "DEVICES", ("cpu",)))
 
 
 def resolve_kernel(spec: str, check=check_sdpa_signature):
@@ -82,8 +91,9 @@ def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
         raise UsageError("--convention and --capabilities describe a --kernel; give --kernel=MODULE:ATTR too")
     if convention not in (None, "sdpa", "jax"):
         raise UsageError(f"unknown --convention {convention!r}")
-    if device not in module.DEVICES:
-        raise UsageError(f"unknown device {device!r} for backend {backend!r}; choose from {', '.join(module.DEVICES)}")
+    devices = backend_devices(backend, module)
+    if device not in devices:
+        raise UsageError(f"unknown device {device!r} for backend {backend!r}; choose from {', '.join(devices)}")
     if kernel is not None:
         fn = resolve_kernel(kernel, getattr(module, "check_kernel_signature", check_sdpa_signature))
         return [module.kernel_adapter(fn, device, f"{backend}:kernel:{kernel}")]
@@ -101,5 +111,5 @@ def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
     return adapters
 
 
-__all__ = ["Adapter", "BACKENDS", "CAPABILITIES", "CallableAdapter", "KernelError", "Result", "UsageError",
-           "available_backends", "load", "resolve_kernel"]
+__all__ = ["Adapter", "BACKENDS", "Backend", "CAPABILITIES", "CallableAdapter", "Implementation", "KernelError",
+           "LayerAdapter", "Result", "UsageError", "available_backends", "backend_devices", "load", "resolve_kernel"]
