@@ -10,10 +10,9 @@ Implementations:
   is importable (it is not installed by default: its wheel requires the `tensorflow`
   distribution, which would overwrite `tensorflow-cpu`).
 
-Keras reads `KERAS_BACKEND` once, at its first import; `tensorflow_common.keras_module()`
-(`select_keras_backend()`) sets it, if unset, before the first Keras import, which happens when an adapter is
-created, never when this module is imported. If Keras was already imported with another backend
-the Keras implementations say so instead of running on the wrong one.
+Keras reads `KERAS_BACKEND` once, at its first import (which `import tensorflow` does), so
+`tensorflow_common` sets it, if unset, before importing TensorFlow. If Keras was already
+imported with another backend the Keras implementations say so instead of running on the wrong one.
 """
 from __future__ import annotations
 
@@ -26,8 +25,8 @@ from attnconf.reference import Case, visibility
 
 from .base import Adapter, KernelError, Result
 from .callable import CallableAdapter
-from .tensorflow_common import (configure, device_string, error_line, keras_module, select_keras_backend, to_numpy,
-                                to_tensor, versions)
+from .tensorflow_common import (configure, device_string, error_line, keras_module, to_numpy, to_tensor,
+                                versions)
 
 # ---- translating a Case into keras.ops.dot_product_attention arguments ------
 def keras_arguments(case: Case) -> dict[str, Any]:
@@ -80,7 +79,6 @@ class KerasOpAdapter(Adapter):
         super().__init__(device)
         self.allow_tf32 = allow_tf32
         self._fn: Callable[..., Any] = _attention
-        select_keras_backend()   # before anything imports Keras
 
     def tensors(self, case: Case) -> dict[str, Any]:
         args = keras_arguments(case)

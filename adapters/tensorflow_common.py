@@ -1,26 +1,30 @@
 """What the TensorFlow adapters share: conversions, devices, error lines, Keras on TensorFlow.
 
 tensorflow.py (the ops) and tensorflow_layer.py (the MultiHeadAttention layers) both import from
-here, so neither imports the other (no import cycle). Importing this module changes no setting:
-`keras_module()` sets KERAS_BACKEND (if unset) just before Keras' first import, and `configure()`
-applies the TF32 flag; adapters call both when they are created or loaded.
+here, so neither imports the other (no import cycle).
 
-TensorFlow's C++ log level (TF_CPP_MIN_LOG_LEVEL) is read when TensorFlow loads, so it is the
-launcher's to set (the Makefile, `reports.runall` and `attnconf certify` set 2, which hides the
-oneDNN / CPU-feature banners).
+The one place where importing an attnconf module changes process state: `import tensorflow`
+imports Keras, and Keras reads KERAS_BACKEND once, at its first import, so KERAS_BACKEND (and
+TF_CPP_MIN_LOG_LEVEL, read when TensorFlow's C++ runtime loads) must be set before that import,
+here, both only if unset (a user's choice wins; `keras_module()` checks the backend Keras really got).
+tests/test_import_hygiene.py declares exactly these two as this module's import effects. The TF32
+flag is applied by `configure()` when the adapters are loaded.
 """
 from __future__ import annotations
 
 import os
-import sys
-from typing import Any
 
-import numpy as np
-import tensorflow as tf
+KERAS_BACKEND_PRESET = os.environ.get("KERAS_BACKEND")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# 2 hides TF's C++ INFO and WARNING lines (CPU-feature banners); errors still print.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from .base import KernelError
+from typing import Any  # noqa: E402
 
-KERAS_BACKEND_PRESET: dict[str, str | None] = {}   # KERAS_BACKEND as found before attnconf set it
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from .base import KernelError  # noqa: E402
 
 
 _TF_DTYPES = {"float64": tf.float64, "float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
@@ -62,17 +66,8 @@ def configure(options: dict[str, Any]) -> bool:
     return allow
 
 
-def select_keras_backend() -> None:
-    """Set KERAS_BACKEND=tensorflow (if unset) before Keras' first import; remember what was there."""
-    if "value" not in KERAS_BACKEND_PRESET:
-        KERAS_BACKEND_PRESET["value"] = os.environ.get("KERAS_BACKEND")
-        if "keras" not in sys.modules:
-            os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-
-
 def keras_module():
     """Keras, checked to be running on TensorFlow."""
-    select_keras_backend()
     import keras  # noqa: PLC0415 (after KERAS_BACKEND is set)
 
     if keras.backend.backend() != "tensorflow":
@@ -82,10 +77,10 @@ def keras_module():
 
 
 def versions() -> dict[str, Any]:
-    keras = keras_module()
+    import keras  # noqa: PLC0415
 
     return {"framework": "tensorflow", "version": tf.__version__, "keras": keras.__version__,
             "keras_backend": keras.backend.backend(),
             "KERAS_BACKEND": os.environ.get("KERAS_BACKEND"),
-            "KERAS_BACKEND_preset": KERAS_BACKEND_PRESET.get("value"),
+            "KERAS_BACKEND_preset": KERAS_BACKEND_PRESET,
             "tf32_enabled": bool(tf.config.experimental.tensor_float_32_execution_enabled())}

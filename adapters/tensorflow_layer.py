@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from .base import KernelError, LayerAdapter
-from .tensorflow_common import device_string, error_line, keras_module, select_keras_backend, to_tensor, versions
+from .tensorflow_common import device_string, error_line, keras_module, to_tensor, versions
 
 LAYER_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
@@ -52,7 +52,6 @@ class KerasMHAAdapter(LayerAdapter):
     def __init__(self, device: str = "cpu", allow_tf32: bool = False):
         super().__init__(device)
         self.allow_tf32 = allow_tf32
-        select_keras_backend()   # before anything imports Keras
         self._layers: dict[tuple, Any] = {}
 
     # -- the layer, built once per (E, heads, dtype) ---------------------------
