@@ -51,6 +51,16 @@ class Backend:
             return f"pip install 'attnconf[{self.extra}]'  (in a checkout: make setup)"
         return "pip install attnconf"
 
+    def remedy(self) -> str:
+        """What to do about a backend that is not usable."""
+        if self.note:
+            return f"fix or uninstall {self.origin}"
+        if not self.adapter_present():
+            if self.origin != "attnconf":
+                return f"reinstall {self.origin}"
+            return f"this attnconf ships no {self.module}; use an attnconf that has it"
+        return self.install_hint
+
     def missing_imports(self) -> list[str]:
         """The import names (framework or adapter module) that cannot be found here."""
         return [m for m in self.imports if not _findable(m)]
