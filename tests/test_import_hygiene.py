@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -166,26 +167,25 @@ LOAD_EFFECTS = {
 }
 
 
-def settings_probe(backend: str, framework: str, modules: list[str]) -> dict:
-    code = SNAPSHOT + textwrap.dedent(f'''
-        from attnconf import adapters   # the package itself is imported first
-        from attnconf.adapters import registry
-        # the framework is imported before the first snapshot, except tensorflow (whose import
-        # is where the declared environment effects happen)
-        if {framework!r} != "tensorflow":
-            __import__({framework!r})
-        before = snapshot({framework!r})
-        import importlib
-        for m in {modules!r}:
-            importlib.import_module(m)
-        after_import = snapshot({framework!r})
-        adapters.load({backend!r})
-        after_load = snapshot({framework!r})
-        print("RESULT" + json.dumps({{"import": diff(before, after_import), "load": diff(after_import, after_load)}}))
-    ''')
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL")}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**env, "OPENBLAS_NUM_THREADS": "1"})
+def third_party_imports(modules: list[str]) -> list[str]:
+    """The non-attnconf modules the given attnconf modules import at module level, in order."""
+    files = module_files()
+    out: list[str] = []
+    for m in modules:
+        for node in ast.parse(files[m].read_text(encoding="utf-8")).body:
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            out += [n for n in names if n.split(".")[0] not in ("attnconf", "__future__") and n not in out]
+    return out
+
+
+def probe(code: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL")}
+    proc = subprocess.run([sys.executable, "-c", SNAPSHOT + textwrap.dedent(code)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**env, "OPENBLAS_NUM_THREADS": "1"})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads(lines[0][len("RESULT"):])
@@ -199,23 +199,44 @@ def adapter_modules(backend: str) -> list[str]:
 
 @pytest.mark.parametrize("backend", [b.name for b in BUILTIN if b.installed()])
 def test_importing_an_adapter_changes_no_setting(backend: str) -> None:
+    """The state after importing the adapter modules equals the state after importing just the
+    third-party modules they import (the frameworks' own import effects cancel out); loading the
+    adapters then changes what they need, and the snapshot sees it."""
+    modules = adapter_modules(backend)
     framework = next(b for b in BUILTIN if b.name == backend).imports[0]
-    result = settings_probe(backend, framework, adapter_modules(backend))
+    frameworks = third_party_imports(modules)
+    assert any(m.split(".")[0] == framework for m in frameworks)
+    body = textwrap.dedent(f"""
+        import importlib
+        from attnconf import adapters
+        for m in {{mods!r}}:
+            importlib.import_module(m)
+        state = snapshot({framework!r})
+    """)
+    baseline = probe(body.format(mods=frameworks) + "print('RESULT' + json.dumps(state))\n")
+    result = probe(body.format(mods=modules) + textwrap.dedent(f"""
+        adapters.load({backend!r})
+        print("RESULT" + json.dumps({{"state": state, "load": diff(state, snapshot({framework!r}))}}))
+    """))
+    changed = probe_diff(baseline, result["state"])
     allowed = IMPORT_EFFECTS.get(backend, set())
-    assert set(result["import"]) <= allowed, f"importing {backend}'s adapter modules changed {result['import']}"
-    assert LOAD_EFFECTS.get(backend, set()) <= set(result["load"]), result
+    assert set(changed) <= allowed, f"importing {backend}'s adapter modules changed {changed}"
+    assert LOAD_EFFECTS.get(backend, set()) <= set(result["load"]), result["load"]
+
+
+def probe_diff(a: dict, b: dict) -> list[str]:
+    out = [k for k in sorted(set(a) | set(b)) if k != "env" and a.get(k) != b.get(k)]
+    env = sorted(k for k in set(a["env"]) | set(b["env"]) if a["env"].get(k) != b["env"].get(k))
+    return out + ["env:" + k for k in env]
 
 
 def test_importing_attnconf_changes_no_setting() -> None:
     """The package, the registry, the CLI and the reports: what an unrelated pytest run loads too."""
-    code = SNAPSHOT + textwrap.dedent('''
+    changed = probe('''
+        import numpy, hypothesis
         before = snapshot(None)
         import attnconf, attnconf.adapters, attnconf.adapters.registry, attnconf.cli, attnconf.reference
         import attnconf.spec, attnconf.reports
-        after = snapshot(None)
-        print("RESULT" + json.dumps(diff(before, after)))
+        print("RESULT" + json.dumps(diff(before, snapshot(None))))
     ''')
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    assert json.loads(lines[0][len("RESULT"):]) == []
+    assert changed == []
