@@ -3,7 +3,7 @@
     attnconf certify --backend torch --kernel MODULE:ATTR [--convention NAME] [--device D]
                      [--capabilities FILE.toml] [--impl ...] [--profile ci] [--out DIR] [--isolate]
     attnconf report RUN.json... --out DIR
-    attnconf replay FILE.npz [--backend B [--kernel MODULE:ATTR] [--test NODEID|EXPR]]
+    attnconf replay FILE.npz [--backend B [--kernel MODULE:ATTR] [--test NODEID|EXPR]]   (default test: the one that saved FILE)
     attnconf backends [--names] [--json] [--matrix] [--installed] [--devices cpu,...]
 
 `certify` and `replay` run the suite that ships with attnconf (the installed `attnconf/conformance`
@@ -23,6 +23,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -177,13 +178,26 @@ def replay(args: argparse.Namespace) -> int:
         print(f"replay it with: {PROG} replay {path} --backend BACKEND [--kernel MODULE:ATTR | --impl NAME]")
         return 0
     _check_backend(args.backend)
-    pytest_args = [*_backend_args(args), f"--replay={path.resolve()}", "-q", *args.pytest_args]
-    if args.test and "::" in args.test:   # a node id, as a failure's replay line prints it
-        file, _, rest = args.test.partition("::")
+    pytest_args = [*_backend_args(args), f"--replay={path.resolve()}", f"--failures-dir={path.resolve().parent}",
+                   "-q", *args.pytest_args]
+    test = args.test or saved_by(path)
+    if test is None:
+        raise CliError(f"cannot tell which test saved {path.name}; give --test NODEID (the failure's replay line has it)")
+    if "::" in test:   # a node id, as a failure's replay line prints it
+        file, _, rest = test.partition("::")
         return run_suite(pytest_args, target=f"{suite_dir() / Path(file).name}::{rest}")
-    if args.test:
-        pytest_args += ["-k", args.test]
-    return run_suite(pytest_args)
+    return run_suite(pytest_args + ["-k", test])
+
+
+def saved_by(path: Path) -> str | None:
+    """The test that saved a failing case: the plugin names the file `<test name>[-<impl>]-<digest>.npz`."""
+    name = path.stem.split("-", 1)[0]
+    if not name.startswith("test_"):
+        return None
+    for file in sorted(suite_dir().glob("test_*.py")):
+        if re.search(rf"^def {re.escape(name)}\(", file.read_text(encoding="utf-8"), re.M):
+            return f"{file.name}::{name}"
+    return None
 
 
 # ---- backends -----------------------------------------------------------------------
@@ -251,7 +265,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--spec", help="spec folder (default: attnconf's)")
     r.set_defaults(func=report)
 
-    y = sub.add_parser("replay", help="show a saved failing case, or run the suite on it")
+    y = sub.add_parser("replay", help="show a saved failing case, or run the test that saved it on it")
     y.add_argument("case", help="a .npz saved by a failing run")
     y.add_argument("--backend")
     y.add_argument("--kernel")
