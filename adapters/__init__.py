@@ -8,7 +8,6 @@ declared once, in `registry.py`.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import Any, Mapping
 
 from .base import CAPABILITIES, Adapter, Implementation, KernelError, LayerAdapter, Result

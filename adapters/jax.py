@@ -2,10 +2,10 @@
 
 Instantiating an adapter enables `jax_enable_x64` (importing this module changes
 no setting) so that float64 cases really run in float64: without it JAX silently
-computes float64 inputs in float32. `describe()` records the flag. float32 matmuls run at precision 'highest'
-unless the suite was invoked with --allow-tf32, because JAX on GPU otherwise
-uses TF32/bf16 passes for float32 and the test would certify a lower precision
-than the dtype claims.
+computes float64 inputs in float32. `describe()` records the flag. float32
+matmuls run at precision 'highest' unless the suite was invoked with
+--allow-tf32, because JAX on GPU otherwise uses TF32/bf16 passes for float32
+and the test would certify a lower precision than the dtype claims.
 
 `jax:cudnn` raises instead of falling back when cuDNN cannot run a case; each
 shape class is probed once (lower + compile) and the raise becomes the
