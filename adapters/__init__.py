@@ -8,11 +8,24 @@ declared once, in `registry.py`.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from .base import CAPABILITIES, Adapter, Implementation, KernelError, LayerAdapter, Result
-from .callable import CallableAdapter, check_sdpa_signature
 from .registry import REGISTRY, Backend
+
+if TYPE_CHECKING:
+    from .base import CAPABILITIES, Adapter, Implementation, KernelError, LayerAdapter, Result
+    from .callable import CallableAdapter
+
+# The interface names are imported on first use, so that `attnconf.adapters.registry` (the backend
+# list: what `attnconf backends` and the plugin's option help need) costs no NumPy import.
+_LAZY = {"CAPABILITIES": ".base", "Adapter": ".base", "Implementation": ".base", "KernelError": ".base",
+         "LayerAdapter": ".base", "Result": ".base", "CallableAdapter": ".callable"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Backend name -> declaration (registry.py: the built-ins and the `attnconf.backends` entry points).
 BACKENDS: Mapping[str, Backend] = REGISTRY
@@ -62,8 +75,10 @@ def backend_devices(backend: str, module=None) -> tuple[str, ...]:
     return tuple(getattr(module or backend_module(backend), "DEVICES", ("cpu",)))
 
 
-def resolve_kernel(spec: str, check=check_sdpa_signature):
+def resolve_kernel(spec: str, check=None):
     """Import `MODULE:ATTR` and return the callable, or raise UsageError (`check` judges the signature)."""
+    if check is None:
+        from .callable import check_sdpa_signature as check
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise UsageError(f"--kernel must look like MODULE:ATTR; got {spec!r}")
@@ -99,7 +114,7 @@ def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
     if device not in devices:
         raise UsageError(f"unknown device {device!r} for backend {backend!r}; choose from {', '.join(devices)}")
     if kernel is not None:
-        fn = resolve_kernel(kernel, getattr(module, "check_kernel_signature", check_sdpa_signature))
+        fn = resolve_kernel(kernel, getattr(module, "check_kernel_signature", None))
         return [module.kernel_adapter(fn, device, f"{backend}:kernel:{kernel}")]
     adapters = module.implementations(device, options)
     if impl is not None:

@@ -240,3 +240,11 @@ def test_importing_attnconf_changes_no_setting() -> None:
         print("RESULT" + json.dumps(diff(before, snapshot(None))))
     ''')
     assert changed == []
+
+
+def test_backend_list_is_light() -> None:
+    """`attnconf backends` (the CI matrix job runs it on a bare Python) and the registry import no NumPy."""
+    proc = subprocess.run([sys.executable, "-c", "import sys, attnconf.adapters.registry, attnconf.cli; "
+                           "print(sorted(m for m in ('numpy', 'hypothesis', 'torch', 'jax', 'tensorflow') if m in sys.modules))"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
