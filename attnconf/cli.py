@@ -1,7 +1,7 @@
 """The `attnconf` command (also `python -m attnconf`).
 
-    attnconf certify --backend torch --kernel MODULE:ATTR [--convention NAME] [--device D]
-                     [--capabilities FILE.toml] [--impl ...] [--profile ci] [--out DIR] [--isolate]
+    attnconf certify --backend torch [--kernel MODULE:ATTR | --impl NAME,...] [--convention NAME] [--device D]
+                     [--capabilities FILE.toml] [--profile ci] [--out DIR] [--isolate] [-- PYTEST ARGS]
     attnconf report RUN.json... --out DIR
     attnconf replay FILE.npz [--backend B [--kernel MODULE:ATTR] [--test NODEID|EXPR]]   (default test: the one that saved FILE)
     attnconf backends [--names] [--json] [--matrix] [--installed] [--devices cpu,...]
@@ -68,10 +68,15 @@ def suite_command(pytest_args: Sequence[str], target: str | None = None) -> list
 
 
 def suite_env(cwd: Path) -> dict[str, str]:
-    """The caller's environment minus what would configure pytest; the caller's folder importable."""
+    """The caller's environment minus what would configure pytest; the caller's folder importable, and
+    (from a checkout) this very checkout's attnconf. An installed attnconf is found in site-packages by
+    the same interpreter; site-packages is never put on PYTHONPATH (it would precede the stdlib)."""
+    import attnconf
+
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), os.environ.get("PYTHONPATH", "")) if p)
+    checkout = str(Path(attnconf.__file__).resolve().parent.parent) if len(attnconf.__path__) > 1 else ""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (checkout, str(cwd), os.environ.get("PYTHONPATH", "")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
 
@@ -117,6 +122,8 @@ def verdict_line(verdict: dict[str, Any]) -> str:
 
 def certify(args: argparse.Namespace) -> int:
     _check_backend(args.backend)
+    if args.kernel and args.impl:
+        raise CliError("--impl chooses among the backend's own implementations; it cannot be combined with --kernel")
     if args.capabilities and not Path(args.capabilities).is_file():
         raise CliError(f"--capabilities {args.capabilities}: no such file")
     out = Path(args.out)
@@ -247,11 +254,12 @@ def parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("certify", help="run the suite on a kernel; write the run file and a certificate")
     c.add_argument("--backend", required=True, help="framework the kernel is written for (see: attnconf backends)")
-    c.add_argument("--kernel", required=True, help="MODULE:ATTR, importable from the current folder or PYTHONPATH")
+    c.add_argument("--kernel", help="MODULE:ATTR, importable from the current folder or PYTHONPATH "
+                                    "(without it: the backend's own implementations, see --impl)")
     c.add_argument("--convention", help="how the kernel is called (default: the backend's)")
     c.add_argument("--device", default="cpu", help="cpu, cuda (torch) or gpu (jax, tensorflow); default cpu")
     c.add_argument("--capabilities", help="FILE.toml declaring the kernel's scope")
-    c.add_argument("--impl", help=argparse.SUPPRESS)
+    c.add_argument("--impl", help="without --kernel: only these implementations of the backend (comma-separated)")
     c.add_argument("--profile", default="ci", help="Hypothesis profile: dev, ci (default) or thorough")
     c.add_argument("--seed", type=int, help="Hypothesis seed")
     c.add_argument("--out", default="attnconf-out", help="output folder (default attnconf-out/)")

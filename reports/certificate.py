@@ -60,7 +60,8 @@ def build(run: dict[str, Any], clauses: list[Clause] | None = None) -> dict[str,
     env = run["environment"]
     return {
         "certificate_version": CERTIFICATE_VERSION,
-        "kernel": env.get("kernel"),
+        # a third-party kernel, or (attnconf certify --impl) the built-in implementations that ran
+        "kernel": env.get("kernel") or ", ".join(env.get("implementations") or {}) or None,
         "run_id": run["run_id"],
         "created": run["created"],
         "verdict": run["verdict"]["verdict"],
