@@ -54,17 +54,12 @@ def backend_module(backend: str):
                          f"(installed: {installed}; not installed: {missing})")
     decl = BACKENDS[backend]
     if not decl.installed():
-        raise UsageError(f"backend {backend!r}: {decl.status()}; {_remedy(decl)}")
+        raise UsageError(f"backend {backend!r}: {decl.status()}; {decl.remedy()}")
     try:
         return importlib.import_module(decl.module)
     except Exception as exc:  # the framework is there but does not import (broken install, ABI mismatch)
         first = (str(exc).splitlines() or [""])[0]
         raise UsageError(f"backend {backend!r}: importing {decl.module} failed: {type(exc).__name__}: {first}") from None
-
-
-def _remedy(decl: Backend) -> str:
-    r = decl.remedy()
-    return f"install it with: {r}" if r == decl.install_hint else r
 
 
 def backend_devices(backend: str, module=None) -> tuple[str, ...]:

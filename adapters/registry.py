@@ -52,14 +52,14 @@ class Backend:
         return "pip install attnconf"
 
     def remedy(self) -> str:
-        """What to do about a backend that is not usable."""
+        """What to do about a backend that is not usable (one phrase)."""
         if self.note:
             return f"fix or uninstall {self.origin}"
         if not self.adapter_present():
             if self.origin != "attnconf":
                 return f"reinstall {self.origin}"
             return f"this attnconf ships no {self.module}; use an attnconf that has it"
-        return self.install_hint
+        return f"install it with: {self.install_hint}"
 
     def missing_imports(self) -> list[str]:
         """The import names (framework or adapter module) that cannot be found here."""

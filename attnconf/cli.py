@@ -104,9 +104,7 @@ def _check_backend(name: str) -> None:
         raise CliError(f"unknown backend {name!r}; known: {', '.join(REGISTRY)} (see: attnconf backends)")
     decl = REGISTRY[name]
     if not decl.installed():
-        from attnconf.adapters import _remedy
-
-        raise CliError(f"backend {name!r}: {decl.status()}; {_remedy(decl)}")
+        raise CliError(f"backend {name!r}: {decl.status()}; {decl.remedy()}")
 
 
 # ---- certify ----------------------------------------------------------------------
@@ -229,7 +227,7 @@ def backends(args: argparse.Namespace) -> int:
         return 0
     rows = [{"name": d.name, "status": d.status(), "installed": d.installed(), "versions": d.versions(),
              "devices": list(d.devices) if d.devices else None, "module": d.module, "extra": d.extra,
-             "install": d.remedy(), "origin": d.origin} for d in decls]
+             "install": d.install_hint, "remedy": d.remedy(), "origin": d.origin} for d in decls]
     if args.json:
         print(json.dumps({"backends": rows, "conflicts": REGISTRY.conflicts}, indent=1))
         return 0
@@ -239,7 +237,7 @@ def backends(args: argparse.Namespace) -> int:
         devices = ",".join(r["devices"] or ["(module)"])
         line = f"{r['name']:<{width}}  {r['status']:<12}  {devices:<8}  {versions}"
         if not r["installed"]:
-            line = f"{r['name']:<{width}}  {r['status']}\n{'':<{width}}  -> {r['install']}"
+            line = f"{r['name']:<{width}}  {r['status']}\n{'':<{width}}  -> {r['remedy']}"
         print(line)
     for c in REGISTRY.conflicts:
         print(f"warning: {c}")

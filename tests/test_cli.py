@@ -32,7 +32,7 @@ def test_backends_lists_the_registry() -> None:
     assert list(rows)[: len(BUILTIN)] == [b.name for b in BUILTIN]
     assert rows["numpy"]["installed"] is True and rows["numpy"]["versions"]["numpy"]
     for r in rows.values():
-        assert r["status"] == "installed" or r["install"], r
+        assert r["status"] == "installed" or r["remedy"], r
     table = cli("backends").stdout
     assert re.search(r"^numpy\s+installed\s", table, re.M)
     names = cli("backends", "--names").stdout.split()
