@@ -21,7 +21,7 @@ The per-head convention, read from equinox/nn/_attention.py (equinox 0.13.8):
 - Dropout: an `equinox.nn.Dropout(p)` on the weights, `inference=False`, one PRNG key per (batch, head).
 - No GQA: the layer projects keys and values to `num_heads` heads like queries.
 
-JAX itself is imported through `attnconf.adapters.jax` (x64 on, conversions, device lookup,
+JAX itself is imported through `attnconf.adapters.jax` (conversions, device lookup, x64 when the adapters are created,
 matmul-precision policy).
 """
 from __future__ import annotations
@@ -175,6 +175,9 @@ class EqxDpaAdapter(Adapter):
 
 
 def implementations(device: str, options: dict[str, Any]) -> list[Adapter]:
+    from .jax_common import enable_x64
+
+    enable_x64()
     from .equinox_layer import EqxMhaAdapter
 
     device = "gpu" if device == "cuda" else device

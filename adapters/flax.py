@@ -26,7 +26,7 @@ The calling convention, read from flax/linen/attention.py (flax 0.12.8):
   shares one keep-mask across batch and heads, which contradicts ATTN-DROP-2's independence, so
   the adapter passes `broadcast_dropout=False` (recorded in `describe()`).
 
-float64 needs `jax_enable_x64`, which importing `attnconf.adapters.jax` turns on; the conversions,
+float64 needs `jax_enable_x64`, which `jax_common.enable_x64()` turns on when the adapters are created; the conversions,
 the device lookup and the matmul-precision policy are that module's.
 """
 from __future__ import annotations
@@ -252,6 +252,9 @@ def framework_versions(device: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def implementations(device: str, options: dict[str, Any]) -> list[Adapter]:
+    from .jax_common import enable_x64
+
+    enable_x64()
     from .flax_layer import LinenMhaAdapter
 
     device = "gpu" if device == "cuda" else device

@@ -87,7 +87,8 @@ def build(run: dict[str, Any], clauses: list[Clause] | None = None) -> dict[str,
             by_state[c["status"]].append(key)
     return {
         "certificate_version": CERTIFICATE_VERSION,
-        "kernel": env.get("kernel"),
+        # a third-party kernel, or (attnconf certify --impl) the built-in implementations that ran
+        "kernel": env.get("kernel") or ", ".join(env.get("implementations") or {}) or None,
         "convention": env.get("convention"),
         "run_id": run["run_id"],
         "created": run["created"],
@@ -181,12 +182,18 @@ def render_markdown(cert: dict[str, Any], clauses: list[Clause] | None = None) -
 
 def write(run: dict[str, Any], out_dir: Path, clauses: list[Clause] | None = None, name: str | None = None) -> tuple[Path, Path]:
     """Write certificates/<slug>.md and .json under out_dir; return both paths."""
+    stem = name or slug(run)
+    folder = out_dir / "certificates"
+    return write_files(run, folder / f"{stem}.md", folder / f"{stem}.json", clauses)
+
+
+def write_files(run: dict[str, Any], md_path: Path, json_path: Path,
+                clauses: list[Clause] | None = None) -> tuple[Path, Path]:
+    """Write the certificate of `run` as Markdown and JSON at the given paths (`attnconf certify`)."""
     clauses = clauses if clauses is not None else load_clauses()
     cert = build(run, clauses)
-    folder = out_dir / "certificates"
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = name or slug(run)
-    md_path, json_path = folder / f"{stem}.md", folder / f"{stem}.json"
+    for path in (md_path, json_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(render_markdown(cert, clauses), encoding="utf-8")
     json_path.write_text(json.dumps(encode(cert), indent=1, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
     return md_path, json_path
