@@ -286,4 +286,7 @@ def check_kernel_signature(fn: Callable[..., Any]) -> str | None:
 def kernel_adapter(fn: Callable[..., Any], device: str, name: str) -> Adapter:
     """A third-party function in flax's `attention_fn` convention (what MultiHeadDotProductAttention calls):
     BTNH, mask True = attend, the kernel applies 1/sqrt(depth) itself."""
+    from .jax_common import enable_x64
+
+    enable_x64()
     return LinenDpaAdapter(device, {}, fn=fn, name=name)
