@@ -167,11 +167,6 @@ class LayerAdapter(Implementation):
         raise NotImplementedError
 
 
-# Transitional: code that tells implementations apart with isinstance(x, Adapter) (the plugin's
-# record labelling) keeps seeing layer adapters until it tests `Implementation`; a layer adapter
-# still has no `run`.
-Adapter.register(LayerAdapter)
-
 
 class NotSupported(Exception):
     """Raised by `run` when a forced path turns out not to run this case: recorded as unsupported, never as a pass."""
