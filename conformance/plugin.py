@@ -658,9 +658,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _write_run(path: Path, run: dict[str, Any]) -> None:
+    """Write the run file; if it does not validate (a suite bug), keep the records anyway beside it."""
+    import json
+
     from attnconf.reports import runfile
 
-    runfile.write(path, run)
+    try:
+        runfile.write(path, run)
+    except runfile.RunFileError as exc:
+        keep = path.with_suffix(".invalid.json")
+        keep.write_text(json.dumps(runfile.encode(run), indent=1) + "\n")
+        raise runfile.RunFileError(f"{exc}; the records are kept in {keep}") from None
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
