@@ -39,7 +39,9 @@ from equinox.nn import _attention as eqx_attention
 from attnconf.reference import Case, visibility
 
 from .base import Adapter, KernelError, Result
+from .jax_common import enable_x64
 from .jax import jax_device, precision_context, to_jax, to_numpy
+from .equinox_layer import EqxMhaAdapter, first_line, framework_versions
 from .prescaled import scale_note, scale_reason, scaled_query
 
 FRAMEWORK = "equinox"
@@ -48,11 +50,6 @@ DEVICES = ("cpu", "gpu")
 
 _DPA_CAPS = frozenset({"mask", "causal_top_left", "causal_bottom_right", "q_lengths", "kv_lengths", "custom_scale",
                        "dv_ne_dk", "cross", "mask_with_causal", "grads", "dropout"})
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
 
 
 def folded_mask(case: Case) -> np.ndarray | None:
@@ -87,25 +84,6 @@ _attend_jit = jax.jit(_attend, static_argnames=("dropout_p",))
 _attend_vjp_jit = jax.jit(_attend_vjp, static_argnames=("dropout_p",))
 
 
-def framework_versions(device: str, options: dict[str, Any]) -> dict[str, Any]:
-    import jaxlib
-
-    d = {"framework": "equinox", "version": eqx.__version__ if hasattr(eqx, "__version__") else _dist_version(),
-         "jax": jax.__version__, "jaxlib": jaxlib.__version__, "jax_enable_x64": bool(jax.config.jax_enable_x64),
-         "matmul_precision": "default (allow_tf32)" if options.get("allow_tf32") else "highest (float16: default)"}
-    try:
-        d["jax_device"] = str(jax_device(device))
-    except KernelError as exc:
-        d["jax_device"] = str(exc)
-    return d
-
-
-def _dist_version() -> str:
-    from importlib.metadata import version
-
-    return version("equinox")
-
-
 class EqxDpaAdapter(Adapter):
     """`equinox.nn._attention.dot_product_attention`, vmapped over batch and heads."""
 
@@ -116,6 +94,7 @@ class EqxDpaAdapter(Adapter):
     capabilities = _DPA_CAPS
 
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):
+        enable_x64()      # float64 needs it; set when an adapter is made, never at import
         super().__init__("gpu" if device == "cuda" else device)
         self.options = dict(options or {})
 
@@ -178,7 +157,6 @@ def implementations(device: str, options: dict[str, Any]) -> list[Adapter]:
     from .jax_common import enable_x64
 
     enable_x64()
-    from .equinox_layer import EqxMhaAdapter
 
     device = "gpu" if device == "cuda" else device
     return [EqxDpaAdapter(device, options), EqxMhaAdapter(device, options)]

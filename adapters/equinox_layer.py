@@ -10,7 +10,7 @@ mask per batch element (True = attend) and top-left causal folded into it; `infe
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -21,9 +21,33 @@ import equinox as eqx
 
 from attnconf.reference import numpy_dtype
 
-from .base import Adapter, KernelError, Result
-from .equinox import first_line, framework_versions
+from .base import KernelError, LayerAdapter
+from .jax_common import enable_x64
 from .jax import jax_device, precision_context, to_numpy
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
+
+
+def framework_versions(device: str, options: dict[str, Any]) -> dict[str, Any]:
+    import jaxlib
+
+    d = {"framework": "equinox", "version": eqx.__version__ if hasattr(eqx, "__version__") else _dist_version(),
+         "jax": jax.__version__, "jaxlib": jaxlib.__version__, "jax_enable_x64": bool(jax.config.jax_enable_x64),
+         "matmul_precision": "default (allow_tf32)" if options.get("allow_tf32") else "highest (float16: default)"}
+    try:
+        d["jax_device"] = str(jax_device(device))
+    except KernelError as exc:
+        d["jax_device"] = str(exc)
+    return d
+
+
+def _dist_version() -> str:
+    from importlib.metadata import version
+
+    return version("equinox")
 
 
 @eqx.filter_jit
@@ -33,10 +57,9 @@ def _apply(mha, xq, xk, xv, mask):
     return jax.vmap(lambda q, k, v, m: mha(q, k, v, mask=m, inference=True))(xq, xk, xv, mask)
 
 
-class EqxMhaAdapter(Adapter):
+class EqxMhaAdapter(LayerAdapter):
     """equinox.nn.MultiheadAttention as a layer adapter (ATTN-MHA-1)."""
 
-    kind = "layer"
     backend = "equinox"
     name = "equinox:mha"
     devices = ("cpu", "gpu")
@@ -44,21 +67,11 @@ class EqxMhaAdapter(Adapter):
     capabilities = frozenset({"mask", "causal_top_left", "mask_with_causal", "cross"})
 
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):
+        enable_x64()      # float64 needs it; set when an adapter is made, never at import
         super().__init__("gpu" if device == "cuda" else device)
         self.options = dict(options or {})
 
-    def supports(self, case, *, need=frozenset()):
-        return f"{self.name} is a layer; it runs LayerCases, not Cases"
 
-    def supports_layer(self, lc) -> Literal[True] | str:
-        if lc.causal not in (None, "top_left"):
-            return f"{self.name} supports causal=None or 'top_left'; got {lc.causal!r}"
-        if lc.dtype not in self.dtypes:
-            return f"{self.name} does not run {lc.dtype}"
-        E = lc.w_q.shape[0]
-        if E % lc.num_heads:
-            return f"embed dim {E} is not a multiple of num_heads {lc.num_heads}"
-        return True
 
     def module(self, lc) -> eqx.nn.MultiheadAttention:
         t = jnp.dtype(numpy_dtype(lc.dtype))
@@ -104,8 +117,6 @@ class EqxMhaAdapter(Adapter):
             raise KernelError(f"{self.name} returned {out.dtype} for {lc.dtype} inputs")
         return to_numpy(out).astype(np.float64)
 
-    def run(self, case, *, grads: bool = False) -> Result:
-        raise KernelError(f"{self.name} is a layer adapter; call run_layer")
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), **framework_versions(self.device, self.options),

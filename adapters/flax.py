@@ -46,7 +46,9 @@ import flax.linen as nn
 from attnconf.reference import Case
 
 from .base import Adapter, KernelError, Result
+from .jax_common import enable_x64
 from .jax import jax_device, precision_context, to_jax, to_numpy
+from .flax_layer import LinenMhaAdapter, first_line, framework_versions
 from .jax_translate import as_4d, from_btnh, to_btnh
 from .prescaled import scale_note, scale_reason, scaled_query
 
@@ -56,11 +58,6 @@ DEVICES = ("cpu", "gpu")
 
 _DPA_CAPS = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "q_lengths", "kv_lengths",
                        "custom_scale", "dv_ne_dk", "cross", "mask_with_causal", "grads", "dbias", "dropout"})
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
 
 
 # ---- the masks, built with flax's helpers ---------------------------------------------------
@@ -137,6 +134,7 @@ class LinenDpaAdapter(Adapter):
 
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None, *,
                  fn: Callable[..., Any] | None = None, name: str | None = None):
+        enable_x64()      # float64 needs it; set when an adapter is made, never at import
         super().__init__("gpu" if device == "cuda" else device)
         self.options = dict(options or {})
         self.fn = nn.dot_product_attention if fn is None else fn
@@ -228,6 +226,7 @@ class LinenDpaFp32SoftmaxAdapter(LinenDpaAdapter):
     example_budget = 0.5
 
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):
+        enable_x64()      # float64 needs it; set when an adapter is made, never at import
         super().__init__(device, options, fn=functools.partial(nn.dot_product_attention, force_fp32_for_softmax=True))
 
     def kernel_name(self) -> str:
@@ -237,25 +236,10 @@ class LinenDpaFp32SoftmaxAdapter(LinenDpaAdapter):
         return {**super().describe(), "force_fp32_for_softmax": True}
 
 
-def framework_versions(device: str, options: dict[str, Any]) -> dict[str, Any]:
-    import jaxlib
-
-    d = {"framework": "flax", "version": flax.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-         "jax_enable_x64": bool(jax.config.jax_enable_x64),
-         "matmul_precision": "default (allow_tf32)" if options.get("allow_tf32") else
-         "highest (float16: default)"}
-    try:
-        d["jax_device"] = str(jax_device(device))
-    except KernelError as exc:
-        d["jax_device"] = str(exc)
-    return d
-
-
 def implementations(device: str, options: dict[str, Any]) -> list[Adapter]:
     from .jax_common import enable_x64
 
     enable_x64()
-    from .flax_layer import LinenMhaAdapter
 
     device = "gpu" if device == "cuda" else device
     return [LinenDpaAdapter(device, options), LinenDpaFp32SoftmaxAdapter(device, options),

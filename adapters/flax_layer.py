@@ -11,7 +11,7 @@ The parameters are passed to `Module.apply` directly (no `init`), under `jax.jit
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -22,9 +22,28 @@ import flax.linen as nn
 
 from attnconf.reference import numpy_dtype
 
-from .base import Adapter, KernelError, Result
-from .flax import first_line, framework_versions
+from .base import KernelError, LayerAdapter
+from .jax_common import enable_x64
 from .jax import jax_device, precision_context, to_numpy
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
+
+
+def framework_versions(device: str, options: dict[str, Any]) -> dict[str, Any]:
+    import jaxlib
+
+    d = {"framework": "flax", "version": flax.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+         "jax_enable_x64": bool(jax.config.jax_enable_x64),
+         "matmul_precision": "default (allow_tf32)" if options.get("allow_tf32") else
+         "highest (float16: default)"}
+    try:
+        d["jax_device"] = str(jax_device(device))
+    except KernelError as exc:
+        d["jax_device"] = str(exc)
+    return d
 
 
 def _apply(module, params, xq, xk, xv, mask, causal):
@@ -43,10 +62,9 @@ def _apply(module, params, xq, xk, xv, mask, causal):
 _apply_jit = jax.jit(_apply, static_argnames=("module", "causal"))
 
 
-class LinenMhaAdapter(Adapter):
+class LinenMhaAdapter(LayerAdapter):
     """flax.linen.MultiHeadDotProductAttention as a layer adapter (ATTN-MHA-1)."""
 
-    kind = "layer"
     backend = "flax"
     name = "flax:linen-mha"
     devices = ("cpu", "gpu")
@@ -54,21 +72,11 @@ class LinenMhaAdapter(Adapter):
     capabilities = frozenset({"mask", "causal_top_left", "mask_with_causal", "cross"})
 
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):
+        enable_x64()      # float64 needs it; set when an adapter is made, never at import
         super().__init__("gpu" if device == "cuda" else device)
         self.options = dict(options or {})
 
-    def supports(self, case, *, need=frozenset()):
-        return f"{self.name} is a layer; it runs LayerCases, not Cases"
 
-    def supports_layer(self, lc) -> Literal[True] | str:
-        if lc.causal not in (None, "top_left"):
-            return f"{self.name} supports causal=None or 'top_left'; got {lc.causal!r}"
-        if lc.dtype not in self.dtypes:
-            return f"{self.name} does not run {lc.dtype}"
-        E = lc.w_q.shape[0]
-        if E % lc.num_heads:
-            return f"embed dim {E} is not a multiple of num_heads {lc.num_heads}"
-        return True
 
     def module_and_params(self, lc) -> tuple[nn.Module, dict]:
         t = jnp.dtype(numpy_dtype(lc.dtype))
@@ -107,8 +115,6 @@ class LinenMhaAdapter(Adapter):
             raise KernelError(f"{self.name} returned {out.dtype} for {lc.dtype} inputs")
         return to_numpy(out).astype(np.float64)
 
-    def run(self, case, *, grads: bool = False) -> Result:
-        raise KernelError(f"{self.name} is a layer adapter; call run_layer")
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), **framework_versions(self.device, self.options),

@@ -111,7 +111,7 @@ def failure_lines(report: Report) -> list[str]:
 
 
 def scope_text(run: dict[str, Any]) -> str:
-    from attnconf.reports.certificate import scope_sentence
+    from attnconf.reports.merge import scope_sentence
 
     parts = []
     for name, scope in (run["environment"].get("scopes") or {}).items():

@@ -12,7 +12,7 @@ eqx = pytest.importorskip("equinox")
 from attnconf import adapters, spec  # noqa: E402
 from attnconf.adapters.equinox import EqxDpaAdapter  # noqa: E402
 from attnconf.adapters.equinox_layer import EqxMhaAdapter  # noqa: E402
-from attnconf.conformance.alternatives_flax import masked_logits_constant  # noqa: E402
+from tests.masked_logits import masked_logits_constant  # noqa: E402
 from attnconf.conformance.tolerance import judge_gradients, judge_layer, judge_output  # noqa: E402
 from attnconf.conformance.witnesses import WITNESSES  # noqa: E402
 from attnconf.reference import Case, numpy_dtype, oracle  # noqa: E402

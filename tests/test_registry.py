@@ -76,7 +76,7 @@ def test_layer_adapter_protocol() -> None:
     rng = np.random.default_rng(0)
     layer = _Layer()
     assert layer.kind == "layer" and not hasattr(layer, "run") and isinstance(layer, Implementation)
-    assert isinstance(layer, Adapter)   # transitional (base.py): the plugin labels records with isinstance(x, Adapter)
+    assert not isinstance(layer, Adapter)
     plain = random_layer_case(rng, 1, 3, 3, 4, 2)
     assert layer.supports_layer(plain) is True
     masked = random_layer_case(rng, 1, 3, 3, 4, 2, mask="random")
