@@ -46,6 +46,7 @@ RESULT_KEY = pytest.StashKey[dict]()
 WRITE_EVERY_S = 2.0
 DEFAULT_RUN_TIMEOUT_S = 1800.0
 FAILING = ("fail", "error", "crashed", "timeout")
+PROFILES = ("dev", "ci", "thorough")
 
 
 def register_profiles() -> None:
@@ -124,7 +125,11 @@ def _state(config: pytest.Config) -> RunState | None:
     return config.stash.get(SESSION_KEY, None)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    # before Hypothesis' own plugin loads the profile named by --hypothesis-profile
+    if config.getoption("--backend") or config.getoption("--hypothesis-profile", default=None) in PROFILES:
+        register_profiles()
     config.addinivalue_line("markers", "clauses(*ids): spec clauses this test checks")
     config.addinivalue_line("markers", "attnconf_opt_in: an attnconf test that runs only when its option is given")
     backend = config.getoption("--backend")
@@ -641,7 +646,7 @@ def _write_partial(config: pytest.Config, *, force: bool = False) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     state = _state(config)
-    if state is None or getattr(config, "workerinput", None) is not None:
+    if state is None or getattr(config, "workerinput", None) is not None or config.option.collectonly:
         return
     if exitstatus == pytest.ExitCode.INTERRUPTED:
         state.interrupted = True

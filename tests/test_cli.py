@@ -65,12 +65,13 @@ def kernel_repo(tmp_path: Path) -> Path:
 def test_certify_report_replay(tmp_path: Path) -> None:
     repo = kernel_repo(tmp_path)
     hostile = {"PYTEST_ADDOPTS": "--another-option-of-the-caller"}
+    # the whole suite: a certificate needs every in-scope cell (a -k subset would be INCOMPLETE)
     ok = cli("certify", "--backend", "numpy", "--kernel", "mykernels:sdpa", "--profile", "dev", "--out", "good",
-             *SUBSET, cwd=repo, env=hostile)
+             cwd=repo, env=hostile)
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
     assert re.search(r"^verdict: CONFORMANT$", ok.stdout, re.M)
     cert = json.loads((repo / "good" / "certificate.json").read_text())
-    assert cert["verdict"] == "CONFORMANT" and cert["kernel"] == "mykernels:sdpa" and cert["clauses"]["conformant"]
+    assert cert["verdict"] == "CONFORMANT" and cert["kernel"] == "mykernels:sdpa" and cert["cells_by_status"]["conformant"]
     assert (repo / "good" / "certificate.md").read_text().startswith("## attnconf certificate: mykernels:sdpa")
 
     bad = cli("certify", "--backend", "numpy", "--kernel", "broken:sdpa", "--profile", "dev", "--out", "bad",
