@@ -226,11 +226,7 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             n = max(MIN_CELL_EXAMPLES, round(hsettings.default.max_examples * weight
                                              * getattr(subject.adapter, "example_budget", 1.0) / share))
 
-            def inner(case):
-                return _one_example(fn, subject, case, budget=2 * n)
-
-            inner._hypothesis_internal_add_digest = f"{fn.__module__}.{fn.__qualname__}|{subject.name}|{dtype}".encode()
-            h = given(case=strategy)(inner)
+            h = given(case=strategy)(cell_body(fn, subject, dtype, budget=2 * n))
             for ex in pinned:
                 if dtype is None or ex.dtype == dtype:
                     h = example(case=ex)(h)
@@ -251,6 +247,20 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             test.pytestmark = fn.pytestmark
         return test
     return decorate
+
+
+def cell_body(fn: Callable, subject: Subject, dtype: str | None, *, budget: int) -> Callable:
+    """The function Hypothesis runs for one (test, implementation, dtype) cell. Its database key is the
+    test's plus the implementation and dtype, so a failure saved by one cell replays in that cell only."""
+    def inner(case):
+        return _one_example(fn, subject, case, budget=budget)
+
+    inner._hypothesis_internal_add_digest = database_key(fn, subject.name, dtype)
+    return inner
+
+
+def database_key(fn: Callable, implementation: str, dtype: str | None) -> bytes:
+    return f"{fn.__module__}.{fn.__qualname__}|{implementation}|{dtype}".encode()
 
 
 def _one_example(fn, subject: Subject, case, *, generated: bool = True, budget: int = 0) -> None:

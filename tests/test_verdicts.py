@@ -170,3 +170,21 @@ def test_a_stopped_run_keeps_its_records(tmp_path):
     proc.communicate(timeout=120)
     run = json.loads(report.read_text())
     assert run["records"] and run["verdict"]["verdict"] == "INCOMPLETE" and run["complete"] is False
+
+
+def test_each_cell_has_its_own_hypothesis_database_key():
+    """One key per property x implementation x dtype: replaying a failure re-runs that cell's own
+    failing example and nothing else (a shared key replayed one test's failures into another)."""
+    from hypothesis.internal.reflection import function_digest
+
+    from attnconf.conformance import harness
+    from attnconf.conformance.test_agreement import test_lse_matches_reference, test_output_matches_reference
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+    bodies = [harness.cell_body(fn, Fake(impl), dtype, budget=0)
+              for fn in (test_output_matches_reference, test_lse_matches_reference)
+              for impl in ("a:x", "a:y") for dtype in ("float32", "float16")]
+    assert len({function_digest(b) for b in bodies}) == len(bodies) == 8
