@@ -36,7 +36,7 @@ lock:
 report: setup
 	$(PY) -m attnconf.reports.runall
 
-test: setup test-own test-install test-suites test-catalogue
+test: setup test-own test-suites test-catalogue
 
 test-own: setup
 	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider
