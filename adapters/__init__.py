@@ -2,28 +2,33 @@
 
 `load()` turns the command-line choice (backend, device, implementation,
 third-party kernel) into adapter objects, and every mistake in that choice
-into a `UsageError` with a one-line message.
+into a `UsageError` with a one-line message. The backends themselves are
+declared once, in `registry.py`.
 """
 from __future__ import annotations
 
 import importlib
-import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
-from .base import CAPABILITIES, Adapter, KernelError, Result
-from .callable import CallableAdapter, check_sdpa_signature
+from .registry import REGISTRY, Backend
 
-# backend name -> (adapter module, framework import name)
-BACKENDS: dict[str, tuple[str, str]] = {
-    "numpy": ("attnconf.adapters.numpy", "numpy"),
-    "torch": ("attnconf.adapters.torch", "torch"),
-    "jax": ("attnconf.adapters.jax", "jax"),
-    "tensorflow": ("attnconf.adapters.tensorflow", "tensorflow"),
-    "onnx": ("attnconf.adapters.onnx", "onnx"),
-}
-INSTALL_HINTS = {"numpy": "pip install numpy ml_dtypes", "torch": "pip install torch==2.13.0",
-                 "jax": "pip install 'jax[cpu]' flax", "tensorflow": "pip install tensorflow-cpu",
-                 "onnx": "pip install onnx onnxruntime"}
+if TYPE_CHECKING:
+    from .base import CAPABILITIES, Adapter, Implementation, KernelError, LayerAdapter, Result
+    from .callable import CallableAdapter
+
+# The interface names are imported on first use, so that `attnconf.adapters.registry` (the backend
+# list: what `attnconf backends` and the plugin's option help need) costs no NumPy import.
+_LAZY = {"CAPABILITIES": ".base", "Adapter": ".base", "Implementation": ".base", "KernelError": ".base",
+         "LayerAdapter": ".base", "Result": ".base", "CallableAdapter": ".callable"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+# Backend name -> declaration (registry.py: the built-ins and the `attnconf.backends` entry points).
+BACKENDS: Mapping[str, Backend] = REGISTRY
 
 
 class UsageError(Exception):
@@ -31,28 +36,44 @@ class UsageError(Exception):
 
 
 def framework_installed(backend: str) -> bool:
-    return importlib.util.find_spec(BACKENDS[backend][1]) is not None
+    """The backend's framework and its adapter module are present (nothing is imported)."""
+    return BACKENDS[backend].installed()
 
 
 def available_backends() -> list[str]:
-    """The backends whose framework is installed here."""
+    """The backends that can run here: adapter module present and framework installed."""
     return [b for b in BACKENDS if framework_installed(b)]
 
 
 def backend_module(backend: str):
+    """Import the adapter module of `backend`, or raise UsageError saying what is missing."""
     if backend not in BACKENDS:
-        installed = ", ".join(available_backends())
+        installed = ", ".join(available_backends()) or "none"
         missing = ", ".join(b for b in BACKENDS if not framework_installed(b)) or "none"
         raise UsageError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)} "
                          f"(installed: {installed}; not installed: {missing})")
-    if not framework_installed(backend):
-        raise UsageError(f"backend {backend!r} needs {BACKENDS[backend][1]}, which is not installed; "
-                         f"install it with: {INSTALL_HINTS[backend]}")
-    return importlib.import_module(BACKENDS[backend][0])
+    decl = BACKENDS[backend]
+    if not decl.installed():
+        raise UsageError(f"backend {backend!r}: {decl.status()}; {decl.remedy()}")
+    try:
+        return importlib.import_module(decl.module)
+    except Exception as exc:  # the framework is there but does not import (broken install, ABI mismatch)
+        first = (str(exc).splitlines() or [""])[0]
+        raise UsageError(f"backend {backend!r}: importing {decl.module} failed: {type(exc).__name__}: {first}") from None
 
 
-def resolve_kernel(spec: str, check=check_sdpa_signature):
+def backend_devices(backend: str, module=None) -> tuple[str, ...]:
+    """The devices a backend runs on: its declaration, else (entry points) the module's DEVICES."""
+    declared = BACKENDS[backend].devices
+    if declared is not None:
+        return declared
+    return tuple(getattr(module or backend_module(backend), "DEVICES", ("cpu",)))
+
+
+def resolve_kernel(spec: str, check=None):
     """Import `MODULE:ATTR` and return the callable, or raise UsageError (`check` judges the signature)."""
+    if check is None:
+        from .callable import check_sdpa_signature as check
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise UsageError(f"--kernel must look like MODULE:ATTR; got {spec!r}")
@@ -65,6 +86,10 @@ def resolve_kernel(spec: str, check=check_sdpa_signature):
         if not hasattr(obj, part):
             raise UsageError(f"--kernel {spec}: {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
+    from .base import Adapter
+
+    if isinstance(obj, Adapter) or (isinstance(obj, type) and issubclass(obj, Adapter)):
+        return obj                      # a ready-made adapter: it declares and converts for itself
     reason = check(obj)
     if reason:
         raise UsageError(f"--kernel {spec}: {reason}")
@@ -84,11 +109,20 @@ def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
         raise UsageError("--convention and --capabilities describe a --kernel; give --kernel=MODULE:ATTR too")
     if convention not in (None, "sdpa", "jax"):
         raise UsageError(f"unknown --convention {convention!r}")
-    if device not in module.DEVICES:
-        raise UsageError(f"unknown device {device!r} for backend {backend!r}; choose from {', '.join(module.DEVICES)}")
+    devices = backend_devices(backend, module)
+    if device not in devices:
+        raise UsageError(f"unknown device {device!r} for backend {backend!r}; choose from {', '.join(devices)}")
     if kernel is not None:
-        fn = resolve_kernel(kernel, getattr(module, "check_kernel_signature", check_sdpa_signature))
-        return [module.kernel_adapter(fn, device, f"{backend}:kernel:{kernel}")]
+        fn = resolve_kernel(kernel, getattr(module, "check_kernel_signature", None))
+        name = f"{backend}:kernel:{kernel}"
+        from .base import Adapter
+
+        if isinstance(fn, type) and issubclass(fn, Adapter):
+            fn = fn(device)
+        if isinstance(fn, Adapter):      # e.g. a kernel whose calling convention needs the whole Case
+            fn.name, fn.trusted = name, False
+            return [fn]
+        return [module.kernel_adapter(fn, device, name)]
     adapters = module.implementations(device, options)
     if impl is not None:
         wanted = {w.strip() for w in impl.split(",")}
@@ -103,5 +137,5 @@ def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
     return adapters
 
 
-__all__ = ["Adapter", "BACKENDS", "CAPABILITIES", "CallableAdapter", "KernelError", "Result", "UsageError",
-           "available_backends", "load", "resolve_kernel"]
+__all__ = ["Adapter", "BACKENDS", "Backend", "CAPABILITIES", "CallableAdapter", "Implementation", "KernelError",
+           "LayerAdapter", "Result", "UsageError", "available_backends", "backend_devices", "load", "resolve_kernel"]

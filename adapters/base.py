@@ -8,12 +8,16 @@ case is reported as unsupported, never as passed.
 """
 from __future__ import annotations
 
+from abc import ABCMeta
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from attnconf.reference import Case
+
+if TYPE_CHECKING:
+    from attnconf.reference.layer import LayerCase
 
 # The vocabulary of capabilities. An adapter lists the ones it has.
 CAPABILITIES = frozenset({
@@ -60,28 +64,50 @@ class Result:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
-class Adapter:
-    """Base class: subclasses set the class attributes and implement `run`."""
+class Implementation:
+    """What every implementation declares: its identity, devices, dtypes and capabilities.
+
+    Two protocols build on it: `Adapter` (one attention call on a `Case`) and `LayerAdapter` (a
+    multi-head attention layer on a `LayerCase`). `kind` tells them apart ("sdpa" / "layer").
+    """
 
     backend: str = ""                   # family, e.g. "torch"
     name: str = ""                      # implementation, e.g. "torch:sdpa-math"
+    kind: str = ""                      # "sdpa" (Adapter) or "layer" (LayerAdapter)
     devices: tuple[str, ...] = ("cpu",)
     dtypes: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
     capabilities: frozenset[str] = frozenset()
-    max_head_dim: int | None = None
     trusted: bool = True                # False for third-party kernels
-    kind: str = "sdpa"                  # "sdpa", or "layer" for multi-head attention layers
     example_budget: float = 1.0         # fraction of Hypothesis examples (e.g. < 1 where each new shape compiles)
 
     def __init__(self, device: str = "cpu"):
         self.device = device
 
+    def lacks(self, needed: set[str] | frozenset[str]) -> Literal[True] | str:
+        """True if every needed capability is declared, else the one-line reason."""
+        missing = sorted(set(needed) - self.capabilities)
+        return f"{self.name} lacks {', '.join(missing)}" if missing else True
+
+    def describe(self) -> dict[str, Any]:
+        """Framework, version, device, and the kernel that runs."""
+        return {"backend": self.backend, "implementation": self.name, "device": self.device}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} on {self.device}>"
+
+
+class Adapter(Implementation, metaclass=ABCMeta):
+    """The attention protocol: subclasses set the class attributes and implement `run`."""
+
+    kind = "sdpa"
+    max_head_dim: int | None = None
+
     # -- capability checks, derived from the declaration above ------------
     def supports(self, case: Case, *, need: frozenset[str] = frozenset()) -> Literal[True] | str:
         """True, or a one-line reason why this implementation cannot run `case`."""
-        missing = sorted((self.requirements(case) | set(need)) - self.capabilities)
-        if missing:
-            return f"{self.name} lacks {', '.join(missing)}"
+        ok = self.lacks(self.requirements(case) | set(need))
+        if ok is not True:
+            return ok
         if case.dtype not in self.dtypes:
             return f"{self.name} does not run {case.dtype}"
         s = case.shape
@@ -107,12 +133,39 @@ class Adapter:
         """Call the kernel on arbitrary, possibly invalid, shapes (ATTN-OP-6). Should raise on invalid input."""
         raise NotImplementedError
 
-    def describe(self) -> dict[str, Any]:
-        """Framework, version, device, and the kernel that runs."""
-        return {"backend": self.backend, "implementation": self.name, "device": self.device}
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name} on {self.device}>"
+class LayerAdapter(Implementation):
+    """The layer protocol (ATTN-MHA-1): a multi-head attention layer loaded with a LayerCase's weights.
+
+    `supports_layer` derives from the declaration (the LayerCase's `features()` against
+    `capabilities`, its dtype against `dtypes`) plus `extra_layer_support` for what the vocabulary
+    cannot say; `run_layer` returns the layer's output as float64 NumPy (B, Lq, E). A layer adapter
+    has no `run`: the suite never hands it a `Case`.
+    """
+
+    kind = "layer"
+
+    def supports_layer(self, lc: LayerCase) -> Literal[True] | str:
+        """True, or a one-line reason why this layer cannot run `lc`."""
+        ok = self.lacks(self.layer_requirements(lc))
+        if ok is not True:
+            return ok
+        if lc.dtype not in self.dtypes:
+            return f"{self.name} does not run {lc.dtype}"
+        return self.extra_layer_support(lc)
+
+    def extra_layer_support(self, lc: LayerCase) -> Literal[True] | str:
+        """Hook for constraints the capability vocabulary cannot say."""
+        return True
+
+    @staticmethod
+    def layer_requirements(lc: LayerCase) -> set[str]:
+        return lc.features()
+
+    def run_layer(self, lc: LayerCase) -> np.ndarray:
+        """The layer's output for `lc` as float64 NumPy; raise KernelError if the framework raised."""
+        raise NotImplementedError
+
 
 
 class NotSupported(Exception):

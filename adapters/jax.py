@@ -1,11 +1,11 @@
 """The `jax` backend: `jax.nn.dot_product_attention` (xla and cudnn) and flax's MultiHeadAttention.
 
-Importing this module enables `jax_enable_x64` so that float64 cases really
-run in float64 (without it JAX silently computes float64 inputs in float32);
-`describe()` records the flag. float32 matmuls run at precision 'highest'
-unless the suite was invoked with --allow-tf32, because JAX on GPU otherwise
-uses TF32/bf16 passes for float32 and the test would certify a lower precision
-than the dtype claims.
+Instantiating an adapter enables `jax_enable_x64` (importing this module changes
+no setting) so that float64 cases really run in float64: without it JAX silently
+computes float64 inputs in float32. `describe()` records the flag. float32
+matmuls run at precision 'highest' unless the suite was invoked with
+--allow-tf32, because JAX on GPU otherwise uses TF32/bf16 passes for float32
+and the test would certify a lower precision than the dtype claims.
 
 `jax:cudnn` raises instead of falling back when cuDNN cannot run a case; each
 shape class is probed once (lower + compile) and the raise becomes the
@@ -14,7 +14,6 @@ contains a `__cudnn$fmha` custom call.
 """
 from __future__ import annotations
 
-import contextlib
 import re
 
 from typing import Any, Callable, Literal
@@ -24,55 +23,16 @@ import numpy as np
 import jax
 
 
-from attnconf.reference import Case, numpy_dtype
+from attnconf.reference import Case
 
 from .base import Adapter, KernelError, Result
+from .jax_common import enable_x64, jax_device, precision_context, to_jax, to_numpy
 from .jax_translate import JaxCall, from_btnh, translate
 
-jax.config.update("jax_enable_x64", True)
-
-FRAMEWORK = "jax"
-INSTALL_HINT = "pip install 'jax[cpu]' flax"
-DEVICES = ("cpu", "gpu")
 CUDNN_MARK = "__cudnn$fmha"
 
 _SDPA_CAPS = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "q_lengths", "kv_lengths",
                         "gqa", "custom_scale", "cross", "mask_with_causal"})
-
-
-def jax_device(device: str):
-    """The first JAX device of the kind the suite calls `device` ('cpu' or 'gpu')."""
-    try:
-        return jax.devices("gpu" if device in ("gpu", "cuda") else "cpu")[0]
-    except RuntimeError as exc:
-        raise KernelError(f"JAX has no {device} device here: {str(exc).splitlines()[0]}") from None
-
-
-def to_jax(x: np.ndarray | None, dtype: str, device) -> jax.Array | None:
-    """float64 NumPy -> JAX array of `dtype` ('bool' and 'int32' allowed) on `device`."""
-    if x is None:
-        return None
-    t = {"bool": np.dtype(bool), "int32": np.dtype(np.int32)}.get(dtype) or numpy_dtype(dtype)
-    return jax.device_put(np.asarray(x).astype(t), device)
-
-
-def to_numpy(a: Any) -> np.ndarray:
-    if not isinstance(a, jax.Array):
-        raise TypeError(f"not a jax.Array: {type(a).__name__}")
-    return np.asarray(jax.device_get(a))
-
-
-def precision_context(options: dict[str, Any], dtype: str = "float32"):
-    """'highest' matmul precision unless TF32 is allowed, except for float16.
-
-    float16 is left at the default: XLA's GPU backend rejects the 'highest' algorithm for float16
-    dots (measured on an H100, jax 0.11.2: "Unsupported dot precision algorithm"). bfloat16 keeps
-    'highest': at the default its backward asks for ALG_DOT_BF16_BF16_F32, which the CPU backend
-    rejects (measured: --hypothesis-seed=9, jax 0.10.2).
-    """
-    if options.get("allow_tf32") or dtype == "float16":
-        return contextlib.nullcontext()
-    return jax.default_matmul_precision("highest")
 
 
 def _attend(q, k, v, bias, mask, q_len, kv_len, *, is_causal, scale, implementation, residual):
@@ -107,6 +67,7 @@ class JaxSdpaAdapter(Adapter):
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):
         super().__init__("gpu" if device == "cuda" else device)
         self.options = dict(options or {})
+        enable_x64()
 
     def supports(self, case: Case, *, need: frozenset[str] = frozenset()) -> Literal[True] | str:
         reason = _value_width_reason(case)

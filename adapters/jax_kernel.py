@@ -20,6 +20,8 @@ from attnconf.reference import Case
 
 from .base import KernelError, Result
 from .callable import CallableAdapter
+from .jax_common import enable_x64, jax_device, to_jax, to_numpy
+from .jax_translate import translate
 
 JAX_CONVENTION = ("query", "key", "value", "bias", "mask", "scale", "is_causal",
                   "query_seq_lengths", "key_value_seq_lengths")
@@ -31,16 +33,13 @@ class JaxCallableAdapter(CallableAdapter):
     """A `jax.nn.dot_product_attention`-convention callable as an adapter."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str, device: str = "cpu"):
-        from .jax import jax_device, to_jax, to_numpy
-
         super().__init__(fn, backend="jax", name=name, device=device,
                          to_array=lambda x, dtype: to_jax(x, dtype, jax_device(device)),
                          to_numpy=to_numpy, dtype_name=lambda a: str(a.dtype),
                          capabilities=KERNEL_CAPS)
+        enable_x64()
 
     def arguments(self, case: Case) -> tuple[tuple, dict]:
-        from .jax_translate import translate
-
         call = translate(case)
         t = case.dtype
         args = tuple(self._to_array(x, t) for x in (call.q, call.k, call.v))

@@ -17,32 +17,26 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from .base import Adapter, KernelError, Result
-from .jax import jax_device, precision_context, to_numpy
+from .base import KernelError, LayerAdapter
+from .jax_common import enable_x64, jax_device, precision_context, to_numpy
 
 
-class FlaxMhaAdapter(Adapter):
+class FlaxMhaAdapter(LayerAdapter):
     """flax.nnx.MultiHeadAttention as a layer adapter (ATTN-MHA-1)."""
 
-    kind = "layer"
     backend = "jax"
     name = "jax:flax-mha"
     devices = ("cpu", "gpu")
     dtypes = ("float64", "float32", "float16", "bfloat16")
-    capabilities = frozenset({"mask", "causal_top_left", "mask_with_causal"})
+    # inputs_q and inputs_k may differ in length; a mask combines with is_causal
+    capabilities = frozenset({"mask", "causal_top_left", "cross", "mask_with_causal"})
 
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):
         super().__init__(device)
         self.options = dict(options or {})
+        enable_x64()
 
-    def supports(self, case, *, need=frozenset()):
-        return "jax:flax-mha is a layer; it runs LayerCases, not Cases"
-
-    def supports_layer(self, lc) -> Literal[True] | str:
-        if lc.causal not in (None, "top_left"):
-            return f"{self.name} supports causal=None or 'top_left'; got {lc.causal!r}"
-        if lc.dtype not in self.dtypes:
-            return f"{self.name} does not run {lc.dtype}"
+    def extra_layer_support(self, lc) -> Literal[True] | str:
         E = lc.w_q.shape[0]
         if E % lc.num_heads:
             return f"embed dim {E} is not a multiple of num_heads {lc.num_heads}"
@@ -86,9 +80,6 @@ class FlaxMhaAdapter(Adapter):
         except Exception as exc:
             raise KernelError(f"{self.name} raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
         return to_numpy(out).astype(np.float64)
-
-    def run(self, case, *, grads: bool = False) -> Result:
-        raise KernelError("jax:flax-mha is a layer adapter; call run_layer")
 
     def describe(self) -> dict[str, Any]:
         import flax

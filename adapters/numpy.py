@@ -17,10 +17,6 @@ from attnconf.reference import Case, numpy_dtype, round_to
 from .base import CAPABILITIES, Adapter, Result
 from .callable import CallableAdapter
 
-FRAMEWORK = "numpy"
-INSTALL_HINT = "pip install numpy ml_dtypes"
-DEVICES = ("cpu",)
-
 
 class ReferenceAdapter(Adapter):
     backend = "numpy"

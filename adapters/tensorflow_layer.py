@@ -19,8 +19,8 @@ from typing import Any, Literal
 import numpy as np
 import tensorflow as tf
 
-from .base import Adapter, KernelError
-from .tensorflow import device_string, error_line, keras_module, to_tensor, versions
+from .base import KernelError, LayerAdapter
+from .tensorflow_common import device_string, error_line, keras_module, to_tensor, versions
 
 LAYER_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
@@ -39,10 +39,9 @@ def keras_weights(lc: Any) -> list[np.ndarray]:
     return weights
 
 
-class KerasMHAAdapter(Adapter):
+class KerasMHAAdapter(LayerAdapter):
     """keras.layers.MultiHeadAttention on its default (fused dot_product_attention) path."""
 
-    kind = "layer"
     backend = "tensorflow"
     name = "tensorflow:keras-mha"
     devices = ("cpu", "gpu")
@@ -68,11 +67,7 @@ class KerasMHAAdapter(Adapter):
             self._layers[key] = layer
         return self._layers[key]
 
-    def supports_layer(self, lc: Any) -> Literal[True] | str:
-        if lc.dtype not in self.dtypes:
-            return f"{self.name} does not run {lc.dtype}"
-        if lc.causal not in (None, "top_left"):
-            return f"{self.name} has only top-left causal masking (use_causal_mask)"
+    def extra_layer_support(self, lc: Any) -> Literal[True] | str:
         if lc.w_q.shape[0] % lc.num_heads:
             return f"{self.name} needs E divisible by num_heads"
         return True
@@ -134,8 +129,8 @@ class TfKerasMHAAdapter(KerasMHAAdapter):
         return "tf_keras.layers.MultiHeadAttention (legacy Keras 2)"
 
 
-def layer_implementations(device: str, allow_tf32: bool) -> list[Adapter]:
-    impls: list[Adapter] = [KerasMHAAdapter(device, allow_tf32), KerasMHAScoresAdapter(device, allow_tf32)]
+def layer_implementations(device: str, allow_tf32: bool) -> list[LayerAdapter]:
+    impls: list[LayerAdapter] = [KerasMHAAdapter(device, allow_tf32), KerasMHAScoresAdapter(device, allow_tf32)]
     if importlib.util.find_spec("tf_keras") is not None:
         impls.append(TfKerasMHAAdapter(device, allow_tf32))
     return impls

@@ -14,20 +14,17 @@ import torch
 
 from attnconf.reference import Case
 
-from .base import Adapter, KernelError, Result
+from .base import Adapter, Implementation, KernelError, Result
 from .callable import FULL_SDPA, CallableAdapter
 from .torch_convert import device_info, dtype_name, set_precision, to_numpy, to_tensor
 from .torch_flex import FlexAdapter
 from .torch_layer import MhaAdapter
 from .torch_sdpa import SDPA_ADAPTERS, ForcedPathUnavailable, SdpaAdapter, _clean
 
-FRAMEWORK = "torch"
-INSTALL_HINT = "pip install torch==2.13.0"
-DEVICES = ("cpu", "cuda")
-IMPLEMENTATIONS: tuple[type[Adapter], ...] = (*SDPA_ADAPTERS, FlexAdapter, MhaAdapter)
+IMPLEMENTATIONS: tuple[type[Implementation], ...] = (*SDPA_ADAPTERS, FlexAdapter, MhaAdapter)
 
 
-def implementations(device: str, options: dict[str, Any]) -> list[Adapter]:
+def implementations(device: str, options: dict[str, Any]) -> list[Implementation]:
     if device == "cuda" and not torch.cuda.is_available():
         from . import UsageError  # noqa: PLC0415 (the package is initialised by then)
 
@@ -75,5 +72,5 @@ def kernel_adapter(fn: Callable[..., Any], device: str, name: str) -> Adapter:
     return TorchKernelAdapter(fn, device, name)
 
 
-__all__ = ["DEVICES", "FRAMEWORK", "INSTALL_HINT", "ForcedPathUnavailable", "IMPLEMENTATIONS", "SdpaAdapter",
+__all__ = ["ForcedPathUnavailable", "IMPLEMENTATIONS", "SdpaAdapter",
            "TorchKernelAdapter", "implementations", "kernel_adapter"]

@@ -14,26 +14,26 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .base import KernelError
-from .torch_convert import to_numpy, to_tensor
-from .torch_sdpa import ALL_DTYPES, TorchAdapter, _clean
+from .base import KernelError, LayerAdapter
+from .torch_convert import device_info, to_numpy, to_tensor
+from .torch_sdpa import ALL_DTYPES, _clean
 
 
-class MhaAdapter(TorchAdapter):
-    kind = "layer"
+class MhaAdapter(LayerAdapter):
+    backend = "torch"
     name = "torch:mha"
     devices = ("cpu", "cuda")
     dtypes = ALL_DTYPES
-    capabilities = frozenset({"mask", "causal_top_left", "cross"})
+    # mask and top-left causal are folded into one blocked mask, so they combine
+    capabilities = frozenset({"mask", "causal_top_left", "cross", "mask_with_causal"})
 
     def kernel_description(self) -> str:
         return "nn.MultiheadAttention(batch_first=True, need_weights=False), eval mode"
 
-    def supports_layer(self, lc: Any) -> Literal[True] | str:
-        if lc.dtype not in self.dtypes:
-            return f"{self.name} does not run {lc.dtype}"
-        if lc.causal not in (None, "top_left"):
-            return f"{self.name} supports only top-left causal"
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), **device_info(self.device), "kernel": self.kernel_description()}
+
+    def extra_layer_support(self, lc: Any) -> Literal[True] | str:
         if lc.x_k.shape[-1] != lc.x_q.shape[-1] or lc.x_v.shape[-1] != lc.x_q.shape[-1]:
             return f"{self.name}: this adapter loads only kdim = vdim = E"
         return True
@@ -77,6 +77,3 @@ class MhaAdapter(TorchAdapter):
             except Exception as exc:
                 raise KernelError(f"nn.MultiheadAttention raised {type(exc).__name__}: {_clean(str(exc))}") from exc
         return to_numpy(out)
-
-    def run(self, case, *, grads=False):
-        raise NotImplementedError("torch:mha is a layer adapter: use run_layer")

@@ -4,7 +4,7 @@ A correct backend must end CONFORMANT or CONFORMANT_WITH_DIVERGENCES under every
 seed. Writes bench/flakes.json: per backend and seed, exit status, verdict,
 wall time and any failing records.
 
-    .venv/bin/python bench/flake_check.py --seeds 10 --backends numpy,torch,jax,tensorflow
+    .venv/bin/python bench/flake_check.py --seeds 10 [--backends numpy,torch]   # default: every installed backend
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from attnconf.adapters import available_backends  # noqa: E402
 from bench.runner import ROOT, run_suite  # noqa: E402
 
 
@@ -21,7 +22,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--seed-list", default=None, help="comma-separated seeds (instead of 1..--seeds)")
-    p.add_argument("--backends", default="numpy,torch,jax,tensorflow")
+    p.add_argument("--backends", default=",".join(available_backends()))
     p.add_argument("--out", default=str(ROOT / "bench" / "flakes.json"))
     args = p.parse_args()
     out = Path(args.out)

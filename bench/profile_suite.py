@@ -23,12 +23,13 @@ GROUPS = (("reference (float64 oracle + baselines)", ("/reference/",)),
           ("hypothesis (generation, shrinking)", ("/hypothesis/",)),
           ("pytest", ("/_pytest/", "/pluggy/")),
           ("numpy", ("/numpy/",)))
-FRAMEWORK = {"numpy": "numpy", "torch": "torch", "jax": "jax", "tensorflow": "tensorflow"}
 
 
 def main(backend: str) -> dict:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", f"import {FRAMEWORK[backend]}"], check=True)
+    from attnconf.adapters import BACKENDS
+
+    subprocess.run([sys.executable, "-c", f"import {BACKENDS[backend].imports[0]}"], check=True)
     import_s = time.perf_counter() - t0 - _bare_python()
     import pytest
 

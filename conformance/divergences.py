@@ -146,8 +146,12 @@ class Divergences:
     """The entries of one backend on one device, validated, with their conditions evaluated."""
 
     def __init__(self, entries: list[dict[str, Any]], device: str):
+        from .regions import load_all as load_regions
         from .witnesses import WITNESSES
+        from .witnesses import load_all as load_witnesses
 
+        load_regions()
+        load_witnesses()
         self.device = device
         self.entries: list[dict[str, Any]] = []
         for e in entries:

@@ -26,30 +26,35 @@ import time
 from pathlib import Path
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 
-from attnconf import adapters, spec
-from attnconf.reference import Case
+import attnconf
+from attnconf.adapters.registry import REGISTRY
 
-from . import harness
-from .divergences import DivergenceError, Divergences
-from .verdict import FAILING, build_cells, decide, plan, verdict_line
+if TYPE_CHECKING:   # the rest is imported when a run starts: an inert plugin costs no NumPy import
+    from . import harness
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE_DIR = Path(__file__).resolve().parent
-SUITE_VERSION = "0.2.0"
+IN_CHECKOUT = (ROOT / ".git").exists() or (ROOT / "pyproject.toml").is_file()
+SUITE_VERSION = attnconf.__version__
 SESSION_KEY = pytest.StashKey["RunState"]()
-RECORD_KEY = pytest.StashKey[harness.TestRecord]()
+RECORD_KEY = pytest.StashKey["harness.TestRecord"]()
 RESULT_KEY = pytest.StashKey[dict]()
 WRITE_EVERY_S = 2.0
 DEFAULT_RUN_TIMEOUT_S = 1800.0
-_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-           HealthCheck.large_base_example, HealthCheck.differing_executors]
+FAILING = ("fail", "error", "crashed", "timeout")
+PROFILES = ("dev", "ci", "thorough")
 
 
 def register_profiles() -> None:
     """The Hypothesis profiles dev, ci (the certification profile) and thorough (idempotent)."""
+    from hypothesis import HealthCheck, Phase, settings
+
+    _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+               HealthCheck.large_base_example, HealthCheck.differing_executors]
     settings.register_profile("dev", max_examples=15, deadline=None, suppress_health_check=_HEALTH)
     settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, database=None, print_blob=True,
                               suppress_health_check=_HEALTH, phases=[Phase.explicit, Phase.generate, Phase.shrink])
@@ -85,7 +90,7 @@ class RunState:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("attnconf", "attnconf conformance")
-    g.addoption("--backend", help=f"backend under test: {', '.join(adapters.BACKENDS)} (required to run the suite)")
+    g.addoption("--backend", help=f"backend under test: {', '.join(REGISTRY)} (required to run the suite)")
     g.addoption("--impl", default=None, help="comma-separated implementations of the backend (default: all on the device)")
     g.addoption("--device", default="cpu", help="cpu, cuda (torch) or gpu (jax, tensorflow)")
     g.addoption("--kernel", default=None, help="MODULE:ATTR: a third-party kernel in the backend's calling convention")
@@ -120,12 +125,24 @@ def _state(config: pytest.Config) -> RunState | None:
     return config.stash.get(SESSION_KEY, None)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    # before Hypothesis' own plugin loads the profile named by --hypothesis-profile
+    if config.getoption("--backend") or config.getoption("--hypothesis-profile", default=None) in PROFILES:
+        register_profiles()
     config.addinivalue_line("markers", "clauses(*ids): spec clauses this test checks")
     config.addinivalue_line("markers", "attnconf_opt_in: an attnconf test that runs only when its option is given")
     backend = config.getoption("--backend")
     if not backend:
         return  # inert: attnconf acts only when its options are given (see pytest_collection_modifyitems)
+    from hypothesis import settings
+
+    from attnconf import adapters, spec
+    from attnconf.reference import Case
+
+    from . import harness
+    from .divergences import DivergenceError, Divergences
+
     register_profiles()
     options = {"allow_tf32": config.getoption("--allow-tf32")}
     try:
@@ -203,6 +220,7 @@ def _check_writable(path: Path) -> None:
 
 
 def _isolate(config: pytest.Config, impls: list, options: dict) -> list:
+    from attnconf import adapters  # noqa: F401  (the package is loaded by then)
     from attnconf.adapters.isolated import IsolatedAdapter
 
     out = []
@@ -242,7 +260,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                              indirect=[fixture])
 
 
-def _subject(request: pytest.FixtureRequest) -> harness.Subject:
+def _subject(request: pytest.FixtureRequest) -> "harness.Subject":
+    from . import harness
+
     state = _state(request.config)
     item = request.node
     adapter = request.param
@@ -255,13 +275,13 @@ def _subject(request: pytest.FixtureRequest) -> harness.Subject:
 
 
 @pytest.fixture
-def impl(request: pytest.FixtureRequest) -> harness.Subject:
+def impl(request: pytest.FixtureRequest) -> "harness.Subject":
     """The attention implementation under test, bound to this test's record."""
     return _subject(request)
 
 
 @pytest.fixture
-def layer_impl(request: pytest.FixtureRequest) -> harness.Subject:
+def layer_impl(request: pytest.FixtureRequest) -> "harness.Subject":
     """The multi-head attention layer under test, bound to this test's record."""
     return _subject(request)
 
@@ -269,9 +289,13 @@ def layer_impl(request: pytest.FixtureRequest) -> harness.Subject:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _state(config) is None:
         if any(Path(str(item.path)).resolve().parent == SUITE_DIR for item in items):
+            from attnconf import adapters
+
             _usage(f"--backend is required to run the attnconf suite; choose from: {', '.join(adapters.BACKENDS)} "
                    f"(installed here: {', '.join(adapters.available_backends())})")
         return
+    from attnconf import spec
+
     known = spec.clauses()
     for item in items:
         for mark in item.iter_markers("clauses"):
@@ -286,8 +310,10 @@ def _impl_of(item: pytest.Item) -> str:
         return rec.implementation
     callspec = getattr(item, "callspec", None)
     if callspec is not None:
+        from attnconf.adapters.base import Implementation
+
         for name in ("impl", "layer_impl"):
-            if name in callspec.params and isinstance(callspec.params[name], adapters.Adapter):
+            if name in callspec.params and isinstance(callspec.params[name], Implementation):
                 return callspec.params[name].name
     return "-"
 
@@ -315,6 +341,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
+    from . import harness  # noqa: F401
+
     state = _state(item.config)
     if state is None:
         return (yield)
@@ -334,6 +362,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     state = _state(item.config)
     if state is None:
         return report
+    from . import harness
+
     if call.when == "setup" and report.skipped and _impl_of(item) != "-":
         status = item.stash.get(RESULT_KEY, {}).get("status", "unsupported")
         report.user_properties.append(("attnconf", _record(item, None, status, _skip_reason(report))))
@@ -377,6 +407,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def _primary(exc: BaseException) -> BaseException:
     """The first conformance failure inside an exception group (Hypothesis reports several so)."""
+    from . import harness
+
     if isinstance(exc, BaseExceptionGroup):
         for sub in exc.exceptions:
             inner = _primary(sub)
@@ -391,7 +423,7 @@ def _skip_reason(report: pytest.TestReport) -> str:
     return str(lr[2]) if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
 
 
-def _record(item: pytest.Item, rec: harness.TestRecord | None, status: str, message: str | None) -> dict[str, Any]:
+def _record(item: pytest.Item, rec: "harness.TestRecord | None", status: str, message: str | None) -> dict[str, Any]:
     started = item.stash.get(RESULT_KEY, {}).get("started")
     return {
         "nodeid": item.nodeid, "test": getattr(item, "originalname", item.name), "clauses": _clauses_of(item),
@@ -416,22 +448,38 @@ def _failures_dir(config: pytest.Config) -> Path:
     if explicit:
         return Path(explicit)
     report = config.getoption("--report")
-    return Path(report).with_suffix("").parent / (Path(report).stem + "-failures") if report else ROOT / "reports" / "failures"
+    if report:
+        return Path(report).with_suffix("").parent / (Path(report).stem + "-failures")
+    # never inside site-packages: an installed attnconf saves failing cases where it was run
+    return ROOT / "reports" / "failures" if IN_CHECKOUT else Path.cwd() / "attnconf-failures"
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:80]
 
 
-def _save_failure(item: pytest.Item, case: Case) -> Path:
+def _save_failure(item: pytest.Item, case) -> Path:
     path = _failures_dir(item.config) / f"{_slug(item.name)}-{case.digest()}.npz"
     return case.save(path)
 
 
 def _replay_command(item: pytest.Item, path: Path) -> str:
+    """The command that replays `path`: pytest from a checkout, `attnconf replay` from an installed suite."""
     cfg = item.config
-    parts = [sys.executable, "-m", "pytest", item.nodeid, f"--backend={cfg.getoption('--backend')}",
-             f"--device={cfg.getoption('--device')}"]
+    if IN_CHECKOUT:
+        parts = [sys.executable, "-m", "pytest", item.nodeid, f"--backend={cfg.getoption('--backend')}",
+                 f"--device={cfg.getoption('--device')}"]
+    else:
+        parts = ["attnconf", "replay", str(path), "--backend", cfg.getoption("--backend"), "--test", item.nodeid,
+                 "--device", cfg.getoption("--device")]
+        if cfg.getoption("--kernel"):
+            parts += ["--kernel", cfg.getoption("--kernel")]
+            for opt in ("--convention", "--capabilities"):
+                if cfg.getoption(opt):
+                    parts += [opt, cfg.getoption(opt)]
+        else:
+            parts += ["--impl", _impl_of(item)]
+        return " ".join(shlex.quote(p) for p in parts)
     if cfg.getoption("--kernel"):
         parts.append(f"--kernel={cfg.getoption('--kernel')}")
         for opt in ("--convention", "--capabilities"):
@@ -460,6 +508,8 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
 # ---- the end of the run: cells, verdict and report ---------------------------------------------
 
 def _git_revision() -> str | None:
+    if not (ROOT / ".git").exists():      # an installed attnconf: its version says which suite ran
+        return None
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5)
         return out.stdout.strip() or None
@@ -469,6 +519,9 @@ def _git_revision() -> str | None:
 
 def _environment(config: pytest.Config, state: RunState) -> dict[str, Any]:
     import numpy as np
+    from hypothesis import settings
+
+    from attnconf import spec
 
     described = {}
     for a in state.session.impls:
@@ -513,6 +566,10 @@ def _scope(adapter) -> dict[str, Any]:
 
 
 def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:
+    from attnconf import spec
+
+    from .verdict import build_cells, decide, plan
+
     state = _state(config)
     session = state.session
     records = [dict(r) for r in state.records]
@@ -589,7 +646,7 @@ def _write_partial(config: pytest.Config, *, force: bool = False) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     state = _state(config)
-    if state is None or getattr(config, "workerinput", None) is not None:
+    if state is None or getattr(config, "workerinput", None) is not None or config.option.collectonly:
         return
     if exitstatus == pytest.ExitCode.INTERRUPTED:
         state.interrupted = True
@@ -606,12 +663,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _write_run(path: Path, run: dict[str, Any]) -> None:
+    """Write the run file; if it does not validate (a suite bug), keep the records anyway beside it."""
+    import json
+
     from attnconf.reports import runfile
 
-    runfile.write(path, run)
+    try:
+        runfile.write(path, run)
+    except runfile.RunFileError as exc:
+        keep = path.with_suffix(".invalid.json")
+        keep.write_text(json.dumps(runfile.encode(run), indent=1) + "\n")
+        raise runfile.RunFileError(f"{exc}; the records are kept in {keep}") from None
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    from .verdict import verdict_line
+
     state = _state(config)
     if state is None or state.run is None:
         return

@@ -160,9 +160,9 @@ def rank1_mask(case) -> bool:
 
 
 @case_region
-def negative_scale_is_causal(case) -> bool:
-    """A negative custom scale with top-left causal masking alone (what reaches SDPA as is_causal=True)."""
-    return (case.scale is not None and case.scale < 0 and case.causal == "top_left" and case.mask is None
+def nonpositive_scale_is_causal(case) -> bool:
+    """A custom scale <= 0 with top-left causal masking alone (what reaches SDPA as is_causal=True)."""
+    return (case.scale is not None and case.scale <= 0 and case.causal == "top_left" and case.mask is None
             and case.bias is None and case.q_lengths is None and case.kv_lengths is None)
 
 

@@ -74,6 +74,10 @@ def witness_status(impl, entry) -> tuple[str, str]:
         if entry["instead"] == "raises":
             return DIVERGES, f"raised {type(exc).__name__}: {first}"
         return OTHER, f"raised {type(exc).__name__}: {first}"
+    if entry["instead"] == "output_float32":
+        if res.out_dtype == case.dtype:
+            return STALE, f"the output dtype is {case.dtype} now"
+        return (DIVERGES, "") if res.out_dtype == "float32" else (OTHER, f"the output dtype is {res.out_dtype}")
     if entry["instead"] == "raises":
         full = alternatives.conforms(case, res, _all_masks(case, res, layer))
         return (STALE, "returns a conforming result") if full else (OTHER, "returns a non-conforming result")

@@ -48,6 +48,12 @@ class CaseError(ValueError):
     """A Case whose parameters contradict each other (one-line message)."""
 
 
+# Other kinds of saved case (a .npz whose params say "kind") register their loader here:
+# reference/layer.py registers "layer". The reference package imports layer.py, so the loader is
+# registered whenever `attnconf.reference` is, and case.py needs no import of layer.py (no cycle).
+LOADERS: dict[str, Any] = {}
+
+
 @dataclass(frozen=True, eq=False)
 class Case:
     """One attention problem. Build validated, dtype-rounded cases with `Case.build`."""
@@ -275,10 +281,11 @@ class Case:
         """Load a saved case (a layer case too: the file's params say which)."""
         with np.load(path, allow_pickle=False) as data:
             params = json.loads(str(data["params"]))
-            if params.get("kind") == "layer":
-                from .layer import LayerCase
-
-                return LayerCase.from_npz(data, params)
+            kind = params.get("kind")
+            if kind is not None:
+                if kind not in LOADERS:
+                    raise CaseError(f"{path}: unknown case kind {kind!r}; known: {', '.join(sorted(LOADERS))}")
+                return LOADERS[kind](data, params)
             arrays = {n: data[n] for n in _ARRAYS if n in data.files}
         q, k, v = arrays.pop("q"), arrays.pop("k"), arrays.pop("v")
         return cls.build(q, k, v, **arrays, **params)

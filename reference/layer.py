@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .attention import forward
-from .case import Case, CaseError, numpy_dtype, round_to
+from .case import LOADERS, Case, CaseError, numpy_dtype, round_to
 from .emulate import VARIANTS, _rounder, naive_forward, seq_matmul
 
 _INPUTS = ("x_q", "x_k", "x_v")
@@ -88,6 +88,19 @@ class LayerCase:
         if self.causal not in (None, "top_left"):
             raise CaseError(f"the layer's causal must be None or 'top_left'; got {self.causal!r}")
 
+    def features(self) -> set[str]:
+        """The spec features this layer case exercises (capability names, see adapters.base)."""
+        f = set()
+        if self.mask is not None:
+            f.add("mask")
+        if self.x_q.shape[1] != self.x_k.shape[1]:
+            f.add("cross")
+        if self.causal is not None:
+            f.add("causal_" + self.causal)
+            if self.mask is not None:
+                f.add("mask_with_causal")
+        return f
+
     @property
     def head_dim(self) -> int:
         return self.x_q.shape[2] // self.num_heads
@@ -137,6 +150,9 @@ class LayerCase:
         return {"B": B, "Lq": Lq, "Lk": self.x_k.shape[1], "E": E, "num_heads": self.num_heads,
                 "dtype": self.dtype, "biases": [n for n in _BIASES if getattr(self, n) is not None],
                 "mask": None if self.mask is None else list(self.mask.shape), "causal": self.causal}
+
+
+LOADERS["layer"] = LayerCase.from_npz
 
 
 def _split(y: np.ndarray, h: int) -> np.ndarray:

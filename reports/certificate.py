@@ -14,41 +14,25 @@ from pathlib import Path
 from typing import Any
 
 from attnconf.reports.markdown import md
-from attnconf.reports.merge import Clause, environment_rows, format_ratio, load_clauses, worst_ratio
+from attnconf.reports.merge import (ALL_DTYPES, Clause, environment_rows, format_ratio, load_clauses, scope_sentence,
+                                    worst_ratio)
 from attnconf.reports.runfile import encode
 
 CERTIFICATE_VERSION = 2
-FEATURE_WORDS = {
-    "mask": "boolean masks", "bias": "additive bias", "causal_top_left": "causal top-left",
-    "causal_bottom_right": "causal bottom-right", "window_top_left": "sliding window (top-left)",
-    "window_bottom_right": "sliding window (bottom-right)", "softcap": "softcap", "alibi": "ALiBi",
-    "sinks": "attention sinks", "gqa": "GQA/MQA", "q_lengths": "query padding", "kv_lengths": "key padding",
-    "custom_scale": "custom scale", "dv_ne_dk": "Dv != Dk", "cross": "Lq != Lk", "mask_with_causal": "mask with causal",
-    "lse": "log-sum-exp", "dropout": "dropout", "noncontiguous": "non-contiguous inputs",
-    "broadcast_kv": "stride-0 K/V", "varlen": "variable-length packing", "paged": "paged KV cache",
-    "dbias": "bias gradient", "weights": "attention weights"}
-ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
+def slug(run: dict[str, Any]) -> str:
+    env = run["environment"]
+    text = f"{env.get('kernel') or 'kernel'}-{env['backend']}-{env['device']}"
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:80] or "kernel"
 
 
-def scope_sentence(scope: dict[str, Any]) -> tuple[str, str]:
-    """("certified for ...", "not covered: ...") in plain words, from an implementation's declared scope."""
-    dtypes = [d for d in ALL_DTYPES if d in (scope.get("dtypes") or [])]
-    feats = set(scope.get("features") or [])
-    grads = "grads" in feats or scope.get("grads") is True
-    have = [FEATURE_WORDS[f] for f in FEATURE_WORDS if f in feats]
-    lacking = [FEATURE_WORDS[f] for f in FEATURE_WORDS if f not in feats]
-    lacking_dt = [d for d in ALL_DTYPES if d not in dtypes]
-    limits = []
-    if scope.get("max_head_dim"):
-        limits.append(f"head dim <= {scope['max_head_dim']}")
-    if scope.get("head_dims"):
-        limits.append(f"head dims {scope['head_dims']}")
-    if scope.get("max_seqlen"):
-        limits.append(f"sequence length <= {scope['max_seqlen']}")
-    certified = (f"{'/'.join(dtypes) or 'no dtype'}, {'forward and backward' if grads else 'forward only'}"
-                 + (", " + ", ".join(have) if have else "") + (f" ({'; '.join(limits)})" if limits else ""))
-    missing = ", ".join(lacking_dt + ([] if grads else ["gradients"]) + lacking) or "nothing"
-    return certified, missing
+def ratios_by_dtype(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for rec in run["records"]:
+        for dtype, stats in (rec.get("ratios") or {}).items():
+            agg = out.setdefault(dtype, {"max": None, "cases": 0})
+            agg["max"] = worst_ratio(agg["max"], stats.get("max"))
+            agg["cases"] += int(stats.get("cases") or 0)
+    return dict(sorted(out.items()))
 
 
 def build(run: dict[str, Any], clauses: list[Clause] | None = None) -> dict[str, Any]:
@@ -71,7 +55,8 @@ def build(run: dict[str, Any], clauses: list[Clause] | None = None) -> dict[str,
             by_state[c["status"]].append(key)
     return {
         "certificate_version": CERTIFICATE_VERSION,
-        "kernel": env.get("kernel"),
+        # a third-party kernel, or (attnconf certify --impl) the built-in implementations that ran
+        "kernel": env.get("kernel") or ", ".join(env.get("implementations") or {}) or None,
         "convention": env.get("convention"),
         "run_id": run["run_id"],
         "created": run["created"],
@@ -165,12 +150,18 @@ def render_markdown(cert: dict[str, Any], clauses: list[Clause] | None = None) -
 
 def write(run: dict[str, Any], out_dir: Path, clauses: list[Clause] | None = None, name: str | None = None) -> tuple[Path, Path]:
     """Write certificates/<slug>.md and .json under out_dir; return both paths."""
+    stem = name or slug(run)
+    folder = out_dir / "certificates"
+    return write_files(run, folder / f"{stem}.md", folder / f"{stem}.json", clauses)
+
+
+def write_files(run: dict[str, Any], md_path: Path, json_path: Path,
+                clauses: list[Clause] | None = None) -> tuple[Path, Path]:
+    """Write the certificate of `run` as Markdown and JSON at the given paths (`attnconf certify`)."""
     clauses = clauses if clauses is not None else load_clauses()
     cert = build(run, clauses)
-    folder = out_dir / "certificates"
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = name or slug(run)
-    md_path, json_path = folder / f"{stem}.md", folder / f"{stem}.json"
+    for path in (md_path, json_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(render_markdown(cert, clauses), encoding="utf-8")
     json_path.write_text(json.dumps(encode(cert), indent=1, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
     return md_path, json_path

@@ -13,7 +13,8 @@ from typing import Any
 from attnconf.reports.merge import ANY_DTYPE, Cell, Report, environment_rows, format_ratio
 from attnconf.reports.plots import ratio_plots
 
-SYMBOLS = {"conformant": "✓", "divergent": "◐", "unsupported": "–", "failing": "✗", None: ""}
+SYMBOLS = {"conformant": "✓", "divergent": "◐", "unsupported": "–", "failing": "✗", "below_floor": "◔",
+           "not_run": "·", None: ""}
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1400px;
@@ -26,12 +27,13 @@ td.group{background:#eef1f4;font-weight:600}
 .hm td.cell{min-width:84px;text-align:center;padding:0}.hm td.cell summary{padding:3px 6px;cursor:pointer;
  list-style:none}.hm td.cell summary::-webkit-details-marker{display:none}
 .conformant{background:#c9ecd2}.divergent{background:#fbe3a6}.unsupported{background:#e4e6e9;color:#555}
-.failing{background:#f6b8b8}.notrun{background:#fff;color:#aaa}
+.failing{background:#f6b8b8}.notrun,.not_run{background:#fff;color:#aaa}.below_floor{background:#dfe8f6}
 .drill{text-align:left;background:#fff;border-top:1px solid #ccc;padding:6px;min-width:340px;
  max-width:560px;font-size:12px}.drill .rec{margin:0 0 8px}.drill div{white-space:pre-wrap}.drill code,pre{white-space:pre-wrap;
  word-break:break-all;background:#f3f5f7;padding:1px 3px}
 .badge{padding:1px 7px;border-radius:9px;font-weight:600;font-size:12px}
 .CONFORMANT{background:#c9ecd2}.CONFORMANT_WITH_DIVERGENCES{background:#fbe3a6}.NONCONFORMANT{background:#f6b8b8}
+.INCOMPLETE{background:#dfe8f6}
 .legend span{display:inline-block;padding:1px 8px;margin-right:6px;border:1px solid #ccc}
 .small{font-size:12px;color:#555}img{max-width:100%;border:1px solid #d8dde3}
 :target{outline:3px solid #3b7ddd}
@@ -85,6 +87,8 @@ def _cell_html(cell: Cell | None, drill: bool = True) -> str:
     label = SYMBOLS[cell.state]
     if cell.ratio is not None:
         label += " " + format_ratio(cell.ratio)
+    if cell.checked:
+        label += f" ({cell.checked})"
     label = e(label)
     if cell.state == "divergent" and cell.divergences:
         label += " " + " ".join(div_link(d) for d in cell.divergences)
@@ -96,6 +100,10 @@ def _cell_html(cell: Cell | None, drill: bool = True) -> str:
                     for r in cell.records if r not in notable)
     if cell.divergences:
         body = "<div>documented: " + ", ".join(div_link(d) for d in cell.divergences) + "</div>" + body
+    if cell.first_failure:
+        f = cell.first_failure
+        body = (f"<div><b>first failure</b>: {e(f.get('message') or '')}<br>case: {e(f.get('case') or '')}<br>"
+                f"replay: <code>{e(f.get('replay') or '')}</code></div>") + body
     return (f'<td class="cell {cell.state}" title="{e(cell.state)}"><details><summary>{label}</summary>'
             f'<div class="drill">{body}</div></details></td>')
 
@@ -145,21 +153,30 @@ def dtype_matrix(report: Report) -> str:
 
 def render(report: Report) -> str:
     sec: list[str] = []
+    from attnconf.reports.markdown import scope_text
+
     rows = []
     for run in report.runs:
         env, verdict = run["environment"], run["verdict"]
         v = verdict["verdict"]
+        notes = "; ".join(verdict.get("incomplete_reasons") or [])
+        if verdict.get("stale"):
+            notes = (notes + "; " if notes else "") + "stale entries: " + ", ".join(verdict["stale"])
         rows.append([e(run["run_id"]), e(env["backend"]), e(env["device"]), e(env.get("device_name") or ""),
                      e(env.get("kernel") or ""), f'<span class="badge {e(v)}">{e(v)}</span>',
                      ", ".join(div_link(d) for d in verdict.get("divergences") or []),
-                     e(", ".join(verdict.get("failed_clauses") or []))])
+                     e(", ".join(verdict.get("failed_clauses") or [])), e(notes),
+                     f'<span class="small">{e(scope_text(run))}</span>'])
     sec.append('<h2 id="verdicts">Verdicts</h2>' + _table(
-        ["run", "backend", "device", "device name", "kernel", "verdict", "divergences", "failed clauses"], rows))
+        ["run", "backend", "device", "device name", "kernel", "verdict", "divergences", "failed clauses", "notes",
+         "scope"], rows))
 
-    legend = ('<p class="legend"><span class="conformant">✓ conformant</span><span class="divergent">◐ documented '
-              'divergence</span><span class="unsupported">– unsupported</span><span class="failing">✗ failing'
-              '</span><span class="notrun">· not run</span> The number is the worst error ratio e_kernel / e_base '
-              '(a pass needs e_kernel ≤ 2 e_base + a rounding floor, spec §12). Click a cell for its records.</p>')
+    legend = ('<p class="legend"><span class="conformant">✓ conformant</span><span class="divergent">◐ divergent as '
+              'documented</span><span class="unsupported">– outside the declared scope</span><span class="failing">'
+              '✗ failing</span><span class="below_floor">◔ below the coverage floor</span><span class="notrun">· not '
+              'run</span> The first number is the worst error ratio e_kernel / e_base (a pass needs e_kernel ≤ 2 e_base'
+              ' + a rounding floor, spec §12), the one in parentheses how many examples checked the cell. Click a '
+              'cell for its records.</p>')
     sec.append('<h2 id="heatmap">Clauses × implementations</h2>' + legend + heatmap(report))
     sec.append('<h2 id="matrix">Clauses × implementation × dtype</h2><p class="small">The same records split by '
                'dtype; the cells above hold the drill-down.</p>' + dtype_matrix(report))
@@ -187,11 +204,26 @@ def render(report: Report) -> str:
     for d in report.divergences:
         link = d.get("link")
         href = f' (<a href="{e(link)}">{e(link)}</a>)' if isinstance(link, str) and link.startswith("https://") else ""
-        runs = "; ".join(f"{r['run_id']}: observed={r['observed']}, witness={r['witness']}" for r in d.get("runs", []))
+        runs = "; ".join(f"{r['run_id']}: " + (f"observed={r['observed']}, witness: {r['witness']}" if r.get("holds", True)
+                                                else f"inactive ({r.get('condition', '')})") for r in d.get("runs", []))
+        bound = f", bound {d['bound']:g}" if d.get("bound") is not None else ""
+        cond = ", ".join(f"{k}={v}" for k, v in (d.get("when") or {}).items()) or "always"
         items.append(f'<li id="{e(anchor(d["id"]))}"><b>{e(d["id"])}</b> — {e(d.get("clause", ""))} '
-                     f'{e(d.get("kind", ""))}, region <code>{e(d.get("region", ""))}</code>: {e(d.get("reason", ""))}'
-                     f'{href}<div class="small">{e(d.get("versions", ""))} {e(runs)}</div></li>')
-    sec.append('<h2 id="divergences">Divergences</h2>' + (f"<ul>{''.join(items)}</ul>" if items else "<p>None.</p>"))
+                     f'{e(d.get("kind", ""))}, region <code>{e(d.get("region", ""))}</code>, instead '
+                     f'<code>{e(d.get("instead", ""))}</code>{e(bound)} on {e(", ".join(d.get("quantities") or []))}'
+                     f' (dtypes {e(", ".join(d.get("dtypes") or []) or "all")}; holds where: {e(cond)}): '
+                     f'{e(d.get("reason", ""))}{href}<div class="small">{e(d.get("measured", ""))} {e(runs)}</div></li>')
+    sec.append('<h2 id="divergences">Divergences</h2><p class="small">Each entry exempts only the elements of its '
+               'region; those are checked against what it declares instead.</p>'
+               + (f"<ul>{''.join(items)}</ul>" if items else "<p>None.</p>"))
+    from attnconf.reports.markdown import findings
+
+    frows = [[e(f.id), e(f.fields.get("target", "")), e(", ".join(f.clauses)), e(f.status), e(f.title),
+              f'<a href="findings/{e(f.id)}.md">write-up</a>, <a href="findings/{e(f.id)}.py">reproduction</a>']
+             for f in findings()]
+    sec.append('<h2 id="findings">Findings</h2><p class="small">Real defects found in implementations nobody here '
+               'wrote; each has a self-contained reproduction that a test runs.</p>'
+               + (_table(["id", "target", "clause", "status", "finding", "files"], frows) if frows else "<p>None yet.</p>"))
 
     orows = [[e(o["clause"]), e(o["key"]), e(f"{o.get('implementation')} ({o['device']})"), e(o["value"]),
               e(o.get("case") or "")] for o in report.observations]
@@ -204,7 +236,7 @@ def render(report: Report) -> str:
 
     nav = " ".join(f'<a href="#{a}">{t}</a>' for a, t in (
         ("verdicts", "verdicts"), ("heatmap", "heatmap"), ("matrix", "by dtype"), ("agreement", "agreement"),
-        ("plots", "plots"), ("divergences", "divergences"), ("observations", "observations"),
+        ("plots", "plots"), ("divergences", "divergences"), ("findings", "findings"), ("observations", "observations"),
         ("environments", "environments")))
     return (
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

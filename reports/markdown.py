@@ -15,7 +15,9 @@ SYMBOLS = {
     "divergent": "⚠️",
     "unsupported": "➖",
     "failing": "❌",
-    None: "·",
+    "below_floor": "◔",
+    "not_run": "·",
+    None: "",
 }
 
 
@@ -39,12 +41,14 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def cell_text(state: str | None, ratio: float | None, divergences: list[str]) -> str:
+def cell_text(state: str | None, ratio: float | None, divergences: list[str], checked: int | None = None) -> str:
     parts = [SYMBOLS[state]]
     if state == "divergent" and divergences:
         parts.append(", ".join(md(d) for d in divergences))
     if ratio is not None:
         parts.append(format_ratio(ratio))
+    if checked and state in ("conformant", "below_floor", "divergent"):
+        parts.append(f"({checked})")
     return " ".join(parts)
 
 
@@ -70,7 +74,7 @@ def matrix_lines(report: Report) -> list[str]:
                 if not any(cells):
                     continue
                 row = [f"{md(clause.id)} {md(clause.title)}"]
-                row += [cell_text(x.state, x.ratio, x.divergences) if x else SYMBOLS[None] for x in cells]
+                row += [cell_text(x.state, x.ratio, x.divergences, x.checked) if x else SYMBOLS[None] for x in cells]
                 rows.append(row)
         lines += _table(header, rows)
     not_run = [c for c in report.clauses if not any(k[0] == c.id for k in report.impl_cells)]
@@ -106,12 +110,64 @@ def failure_lines(report: Report) -> list[str]:
     return out or ["None."]
 
 
+def scope_text(run: dict[str, Any]) -> str:
+    from attnconf.reports.merge import scope_sentence
+
+    parts = []
+    for name, scope in (run["environment"].get("scopes") or {}).items():
+        certified, missing = scope_sentence(scope)
+        parts.append(f"{name}: {certified}; not covered: {missing}")
+    return "; ".join(parts)
+
+
+def divergence_lines(report: Report) -> list[str]:
+    if not report.divergences:
+        return ["None."]
+    rows = []
+    for d in report.divergences:
+        instead = str(d.get("instead", ""))
+        if d.get("bound") is not None:
+            instead += f" (bound {d['bound']:g})"
+        if d.get("value") is not None:
+            instead += f" (value {d['value']:g})"
+        where = "; ".join(f"{r['run_id']}: " + (f"witness {r['witness']}" if r.get("holds", True)
+                                                  else f"inactive ({r.get('condition', '')})")
+                          for r in d.get("runs", []))
+        cond = ", ".join(f"{k}={v}" for k, v in (d.get("when") or {}).items())
+        rows.append([md(d["id"]), md(d.get("clause", "")), md(d.get("kind", "")), md(d.get("region", "")),
+                     md(instead), md(", ".join(d.get("quantities") or [])), md(", ".join(d.get("dtypes") or []) or "all"),
+                     md(cond or "always"), md(where), md(d.get("reason", "")), md(d.get("link") or "")])
+    return _table(["id", "clause", "kind", "region", "instead", "quantities", "dtypes", "conditions",
+                   "witness", "reason", "link"], rows)
+
+
+def findings() -> list:
+    """The findings' write-ups (reports/findings), or [] if they cannot be read (their own test says why)."""
+    try:
+        from attnconf.reports import findings_index
+
+        return findings_index.load_all(validate_clauses=False)
+    except Exception:
+        return []
+
+
+def findings_lines() -> list[str]:
+    found = findings()
+    if not found:
+        return ["None yet."]
+    rows = [[md(f.id), md(f.fields.get("target", "")), md(", ".join(f.clauses)), md(f.status), md(f.title),
+             f"[write-up](findings/{f.id}.md), [reproduction](findings/{f.id}.py)"] for f in found]
+    return _table(["id", "target", "clause", "status", "finding", "files"], rows)
+
+
 def render(report: Report) -> str:
     lines = [
         "# attnconf conformance matrix",
         "",
-        "Legend: ✅ conformant, ⚠️ documented divergence (id), ➖ unsupported, ❌ failing, · not run;"
-        " the number is the worst error ratio e_kernel / e_base (kernel error over the naive baseline's; a pass needs e_kernel <= 2 e_base + a rounding floor, spec §12).",
+        "Legend: ✅ conformant, ⚠️ divergent as documented (entry id), ➖ outside the declared scope, ❌ failing,"
+        " ◔ fewer examples than the coverage floor, · not run. The first number is the worst error ratio"
+        " e_kernel / e_base at that dtype (kernel error over the naive baseline's; a pass needs e_kernel <= 2 e_base"
+        " + a rounding floor, spec §12); the number in parentheses is how many examples checked the cell.",
         "",
         "## Verdicts",
         "",
@@ -119,27 +175,29 @@ def render(report: Report) -> str:
     rows = []
     for run in report.runs:
         env, verdict = run["environment"], run["verdict"]
+        note = "; ".join(verdict.get("incomplete_reasons") or [])
+        if verdict.get("stale"):
+            note = (note + "; " if note else "") + "stale entries: " + ", ".join(verdict["stale"])
         rows.append([
             md(run["run_id"]), md(env["backend"]), md(env["device"]), md(env.get("kernel") or ""),
             f"**{md(verdict['verdict'])}**", md(", ".join(verdict.get("divergences") or [])),
-            md(", ".join(verdict.get("failed_clauses") or [])),
+            md(", ".join(verdict.get("failed_clauses") or [])), md(note), md(scope_text(run)),
         ])
-    lines += _table(["run", "backend", "device", "kernel", "verdict", "divergences", "failed clauses"], rows)
+    lines += _table(["run", "backend", "device", "kernel", "verdict", "divergences", "failed clauses", "notes",
+                     "scope"], rows)
     lines += ["", "## Matrix"] + matrix_lines(report)
     lines += ["", "## Pairwise agreement on the panel", "",
               "Two implementations agree on a panel case when max|A - B| ≤ allowance A + allowance B"
               " (NaN only where the other has NaN).", ""]
     lines += pairs_lines(report)
     lines += ["", "## Failures", ""] + failure_lines(report)
-    lines += ["", "## Divergences", ""]
-    if report.divergences:
-        rows = [[md(d["id"]), md(d.get("clause", "")), md(d.get("kind", "")), md(d.get("region", "")),
-                 md(d.get("reason", "")), md(d.get("link") or ""),
-                 md(", ".join(f"{r['run_id']}: witness {r['witness']}" for r in d.get("runs", [])))]
-                for d in report.divergences]
-        lines += _table(["id", "clause", "kind", "region", "reason", "link", "witness"], rows)
-    else:
-        lines.append("None.")
+    lines += ["", "## Divergences", "",
+              "Each entry exempts only the elements of its region, and those elements are checked against what the"
+              " entry declares instead (spec/divergences/README.md).", ""]
+    lines += divergence_lines(report)
+    lines += ["", "## Findings", "", "Real defects attnconf found in implementations nobody here wrote; each has a"
+              " self-contained reproduction that a test runs.", ""]
+    lines += findings_lines()
     lines += ["", "## Observations", ""]
     if report.observations:
         rows = [[md(o["clause"]), md(o["key"]), md(f"{o.get('implementation')} ({o['device']})"),

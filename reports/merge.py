@@ -280,7 +280,8 @@ def build(
             key = ImplKey(c["implementation"], device)
             col = Column(key, c["dtype"])
             recs = [r for r in by_cell.get((c["implementation"], c["clause"]), [])
-                    if (r.get("dtype") or ANY_DTYPE) == c["dtype"]]
+                    if (r.get("dtype") or ANY_DTYPE) == c["dtype"]
+                    or (r.get("dtype") is None and c["dtype"] in (r.get("ratios") or {}))]
             ratio = None
             for r in recs:
                 stats = (r.get("ratios") or {}).get(c["dtype"]) if c["dtype"] != ANY_DTYPE else None
@@ -368,3 +369,36 @@ def environment_rows(run: dict[str, Any]) -> list[tuple[str, str]]:
         ("implementations", ", ".join((env.get("implementations") or {}).keys())),
     ]
     return [(k, v) for k, v in rows if v]
+
+
+FEATURE_WORDS = {
+    "mask": "boolean masks", "bias": "additive bias", "causal_top_left": "causal top-left",
+    "causal_bottom_right": "causal bottom-right", "window_top_left": "sliding window (top-left)",
+    "window_bottom_right": "sliding window (bottom-right)", "softcap": "softcap", "alibi": "ALiBi",
+    "sinks": "attention sinks", "gqa": "GQA/MQA", "q_lengths": "query padding", "kv_lengths": "key padding",
+    "custom_scale": "custom scale", "dv_ne_dk": "Dv != Dk", "cross": "Lq != Lk", "mask_with_causal": "mask with causal",
+    "lse": "log-sum-exp", "dropout": "dropout", "noncontiguous": "non-contiguous inputs",
+    "broadcast_kv": "stride-0 K/V", "varlen": "variable-length packing", "paged": "paged KV cache",
+    "dbias": "bias gradient", "weights": "attention weights"}
+ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+def scope_sentence(scope: dict[str, Any]) -> tuple[str, str]:
+    """("certified for ...", "not covered: ...") in plain words, from an implementation's declared scope."""
+    dtypes = [d for d in ALL_DTYPES if d in (scope.get("dtypes") or [])]
+    feats = set(scope.get("features") or [])
+    grads = "grads" in feats or scope.get("grads") is True
+    have = [FEATURE_WORDS[f] for f in FEATURE_WORDS if f in feats]
+    lacking = [FEATURE_WORDS[f] for f in FEATURE_WORDS if f not in feats]
+    lacking_dt = [d for d in ALL_DTYPES if d not in dtypes]
+    limits = []
+    if scope.get("max_head_dim"):
+        limits.append(f"head dim <= {scope['max_head_dim']}")
+    if scope.get("head_dims"):
+        limits.append(f"head dims {scope['head_dims']}")
+    if scope.get("max_seqlen"):
+        limits.append(f"sequence length <= {scope['max_seqlen']}")
+    certified = (f"{'/'.join(dtypes) or 'no dtype'}, {'forward and backward' if grads else 'forward only'}"
+                 + (", " + ", ".join(have) if have else "") + (f" ({'; '.join(limits)})" if limits else ""))
+    missing = ", ".join(lacking_dt + ([] if grads else ["gradients"]) + lacking) or "nothing"
+    return certified, missing

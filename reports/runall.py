@@ -8,7 +8,6 @@ never costs the others theirs; the merge runs on whatever run files exist.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -18,18 +17,21 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BACKENDS = {"numpy": "numpy", "torch": "torch", "jax": "jax", "tensorflow": "tensorflow", "onnx": "onnx"}
 
 
 def installed() -> list[str]:
-    return [b for b, mod in BACKENDS.items() if importlib.util.find_spec(mod) is not None]
+    """The registry's backends that can run here (adapter present, framework installed); imports no framework."""
+    from attnconf.adapters.registry import REGISTRY
+
+    return [name for name, b in REGISTRY.items() if b.installed()]
 
 
 def run_backend(backend: str, device: str, runs: Path, profile: str, extra: list[str]) -> tuple[int, float, Path]:
     path = runs / f"{backend}-{device}.json"
     cmd = [sys.executable, "-m", "pytest", "conformance", f"--backend={backend}", f"--device={device}",
            f"--hypothesis-profile={profile}", f"--report={path}", "-q", "-rN", "-p", "no:cacheprovider", *extra]
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1"),
+           "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     started = time.time()
     done = 0
     with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:

@@ -36,6 +36,7 @@ def isolated(kernel: str, backend: str = "numpy") -> IsolatedAdapter:
 OUTCOMES = {
     "segfault": (KernelCrashed, "crashed", "killed by signal SIGSEGV"),
     "hang": (KernelCrashed, "timeout", f"no answer after {TIMEOUT_S:g} s"),
+    "hang_if_long_queries": (KernelCrashed, "timeout", f"no answer after {TIMEOUT_S:g} s"),   # make_case has Lq = 5
     "alloc_unbounded": (KernelCrashed, "crashed", "out of memory (limit 0.25 GiB)"),
     "raises_always": (KernelError, None, "kernel raised RuntimeError: hostile kernel refuses to run"),
     "returns_list": (KernelError, None, "returned list, not an array"),

@@ -22,7 +22,7 @@ def test_merge_writes_site(tmp_path: Path) -> None:
 
 
 def test_merge_refuses_bad_files(tmp_path: Path, capsys) -> None:
-    for name, expected in (("bad-version.json", "unsupported schema_version 2"), ("bad-status.json", "'weird'")):
+    for name, expected in (("bad-version.json", "unsupported schema_version 3"), ("bad-status.json", "'weird'")):
         assert main(["merge", "--out", str(tmp_path / "s"), str(FIXTURES / GOOD[0]), str(FIXTURES / name)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and expected in err and name in err

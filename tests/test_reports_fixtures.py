@@ -214,19 +214,71 @@ def kernel_cuda() -> dict[str, Any]:
     }
 
 
+_STATE = {"pass": "conformant", "divergent": "divergent", "unsupported": "unsupported", "fail": "failing",
+          "crashed": "failing", "timeout": "failing", "error": "failing"}
+_RANK = {"failing": 5, "divergent": 4, "conformant": 2, "unsupported": 1}
+
+
+def upgrade(run: dict[str, Any]) -> dict[str, Any]:
+    """Schema 2: the cells (implementation x clause x dtype) a v2 run file lists, derived here from the
+    records the way the plugin's cells would come out for such records (their ratios name the dtypes)."""
+    run = json.loads(json.dumps(run))
+    run["schema_version"] = 2
+    run["complete"] = True
+    run["duration_s"] = 12.5
+    run.pop("clause_coverage", None)
+    cells: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for rec in run["records"]:
+        rec.setdefault("dtype", None)
+        rec.setdefault("failed_clause", rec["clauses"][0] if rec["status"] in ("fail", "crashed", "timeout") else None)
+        state = _STATE[rec["status"]] if rec["status"] in _STATE else "conformant"
+        if state == "conformant" and rec.get("divergences"):
+            state = "divergent"
+        for dtype in sorted(rec.get("ratios") or {}) or ["any"]:
+            for clause in rec["clauses"]:
+                key = (rec["implementation"], clause, dtype)
+                cell = cells.setdefault(key, {"implementation": key[0], "clause": clause, "dtype": dtype,
+                                              "status": state, "checked": 0, "divergent": 0, "unsupported": 0,
+                                              "failed": 0, "not_run": 0, "tests": [], "divergences": [],
+                                              "first_failure": None, "unsupported_reasons": []})
+                if _RANK[state] > _RANK[cell["status"]]:
+                    cell["status"] = state
+                cell["tests"].append(rec["test"])
+                cell["checked"] += int(((rec.get("ratios") or {}).get(dtype) or {}).get("cases") or 3)
+                cell["divergences"] += [d for d in rec.get("divergences", []) if d not in cell["divergences"]]
+                if state == "divergent":
+                    cell["divergent"] += 1
+                if state == "unsupported":
+                    cell["unsupported_reasons"] += rec.get("unsupported_reasons") or []
+                if state == "failing" and cell["first_failure"] is None:
+                    cell["failed"] += 1
+                    cell["first_failure"] = {"test": rec["test"], "nodeid": rec["nodeid"], "status": rec["status"],
+                                             "message": rec.get("message"), "case": rec.get("case"),
+                                             "replay": rec.get("replay")}
+    run["cells"] = list(cells.values())
+    v = run["verdict"]
+    v.setdefault("failures", [{"clause": c["clause"], "dtype": c["dtype"], "implementation": c["implementation"],
+                               **c["first_failure"]} for c in run["cells"] if c["first_failure"]])
+    v.update(incomplete_reasons=[], missing=[], stale=[], floor=3)
+    for d in run.get("divergences") or []:
+        d.update(instead="mean_of_values", quantities=["out"], dtypes=[], holds=True, condition="unconditional",
+                 witness_status="diverges as declared", witness_detail="")
+    return run
+
+
 def bad_files() -> dict[str, Any]:
-    future = numpy_cpu()
-    future["schema_version"] = 2
-    weird = numpy_cpu()
+    future = upgrade(numpy_cpu())
+    future["schema_version"] = 3
+    weird = upgrade(numpy_cpu())
     weird["records"][0]["status"] = "weird"
-    silent = torch_cpu()
+    silent = upgrade(torch_cpu())
     silent["records"][3]["message"] = None
     return {"bad-version.json": future, "bad-status.json": weird, "bad-missing-message.json": silent}
 
 
 def generate() -> dict[str, str]:
-    good = {"numpy-cpu.json": numpy_cpu(), "torch-cpu.json": torch_cpu(), "jax-cpu.json": jax_cpu(),
-            "kernel-cuda.json": kernel_cuda()}
+    good = {"numpy-cpu.json": upgrade(numpy_cpu()), "torch-cpu.json": upgrade(torch_cpu()),
+            "jax-cpu.json": upgrade(jax_cpu()), "kernel-cuda.json": upgrade(kernel_cuda())}
     files = {**good, **bad_files()}
     return {name: json.dumps(runfile.encode(obj), indent=1, ensure_ascii=False) + "\n" for name, obj in files.items()}
 

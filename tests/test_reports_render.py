@@ -47,7 +47,7 @@ def test_html_has_only_expected_markup(page: str) -> None:
         if tag == "img":
             assert attrs["src"].startswith("data:image/png;base64,")
         if tag == "a":
-            assert attrs["href"].startswith(("#", "https://")), attrs
+            assert attrs["href"].startswith(("#", "https://", "findings/")), attrs
     assert "<script" not in page.lower() and "<img src=x" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # shown as text, in names, kernel, message
     assert 'href="javascript' not in page  # a divergence link that is not https:// is not linked
@@ -63,7 +63,7 @@ def test_html_is_self_contained(page: str) -> None:
 
 def test_html_content(page: str) -> None:
     # drill-down: the failing record's message, case and replay command sit inside the cell's <details>
-    cell = re.search(r'<td class="cell failing"[^>]*><details><summary>✗ 12.50</summary>(.*?)</details>', page)
+    cell = re.search(r'<td class="cell failing"[^>]*><details><summary>✗ 12.50 \(\d+\)</summary>(.*?)</details>', page)
     assert cell is not None
     assert "ratio 12.5 &gt; 1" in cell.group(1) and "Hkv=2 Lq=9" in cell.group(1)
     assert "conformance.replay reports/failures/torch_sdpa-efficient-1.npz" in cell.group(1)
@@ -77,8 +77,8 @@ def test_html_content(page: str) -> None:
 
 def test_markdown_content(report: merge.Report) -> None:
     text = markdown.render(report)
-    assert "| ATTN-OP-1 Definition | ✅ 0.61 | ✅ 0.42 | ✅ 0.05 |" in text
-    assert "⚠️ TORCH-EMPTY-NAN" in text and "❌ 12.50" in text and "➖" in text
+    assert re.search(r"\| ATTN-OP-1 Definition \| ✅ 0.05 \(\d+\) \| ✅ 0.42 \(\d+\) \| ✅ 0.61 \(\d+\) \|", text), text[:3000]
+    assert "⚠️ TORCH-EMPTY-NAN" in text and "❌ 12.50" in text and "➖" in text and "## Findings" in text
     assert "| numpy:naive (cpu) | torch:sdpa-math (cpu) | 3/3 | agree |  |" in text
     assert "**NONCONFORMANT**" in text
     assert "replay: `.venv/bin/python -m conformance.replay" in text

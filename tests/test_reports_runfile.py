@@ -11,7 +11,11 @@ import jsonschema
 import pytest
 
 from attnconf.reports import runfile
-from tests.test_reports_fixtures import FIXTURES, GOOD, torch_cpu
+from tests.test_reports_fixtures import FIXTURES, GOOD, torch_cpu as _torch_v1, upgrade
+
+
+def torch_cpu():
+    return upgrade(_torch_v1())
 
 
 def test_schema_is_valid_draft_2020_12() -> None:
@@ -23,13 +27,13 @@ def test_schema_is_valid_draft_2020_12() -> None:
 @pytest.mark.parametrize("name", GOOD)
 def test_good_files_load(name: str) -> None:
     run = runfile.load(FIXTURES / name)
-    assert run["schema_version"] == 1
+    assert run["schema_version"] == 2
 
 
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("bad-version.json", "unsupported schema_version 2 (this reader knows 1)"),
+        ("bad-version.json", "unsupported schema_version 3 (this reader knows 2)"),
         ("bad-status.json", "records[0].status: 'weird' is not one of"),
         ("bad-missing-message.json", "records[3].message: None is not of type 'string'"),
     ],

@@ -37,17 +37,33 @@ def test_actionlint_catches_mistakes(tmp_path: Path) -> None:
     broken = tmp_path / ".github" / "workflows" / "broken.yml"
     broken.parent.mkdir(parents=True)
     broken.write_text(
-        WORKFLOW.read_text(encoding="utf-8").replace("${{ matrix.backend }}-${{ matrix.device }}.json",
-                                                     "${{ matrix.backnd }}.json", 1),
+        WORKFLOW.read_text(encoding="utf-8").replace("needs.backends.outputs.matrix", "needs.backnds.outputs.matrix", 1),
         encoding="utf-8",
     )
     result = lint(broken)
-    assert result.returncode == 1 and "backnd" in result.stdout
+    assert result.returncode == 1 and "backnds" in result.stdout
 
 
 def test_workflow_promises() -> None:
     text = WORKFLOW.read_text(encoding="utf-8")
-    for needle in ("backend: [numpy, torch, jax, tensorflow]", "workflow_call:", "kernel:", "python-path:",
-                   "python -m attnconf.reports merge --out site", "GITHUB_STEP_SUMMARY", "--hypothesis-profile=ci",
-                   '"self-hosted", "gpu"', "attnconf-certificate", "make setup"):
+    for needle in ("python -m attnconf backends --matrix", "matrix: ${{ fromJSON(needs.backends.outputs.matrix) }}",
+                   "workflow_call:", "kernel:", "python-path:", "python -m attnconf.reports merge --out site",
+                   "GITHUB_STEP_SUMMARY", "--hypothesis-profile=ci", '"self-hosted", "gpu"', "attnconf-certificate",
+                   "make setup", "uses: ./attnconf"):
         assert needle in text, needle
+    assert "numpy, torch" not in text, "the backend list is the registry's (attnconf backends --matrix), not the workflow's"
+
+
+def test_matrix_command_lists_the_registry() -> None:
+    """What the workflow's matrix job prints: every backend with an adapter, on the devices asked for."""
+    import json
+
+    from attnconf.adapters.registry import BUILTIN
+
+    out = subprocess.run([sys.executable, "-m", "attnconf", "backends", "--matrix", "--devices", "cpu"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    include = json.loads(out.stdout)["include"]
+    shipped = [b.name for b in BUILTIN if b.adapter_present()]
+    assert include == [{"backend": b, "device": "cpu"} for b in shipped]
+    assert {"numpy", "torch", "jax", "tensorflow"} <= set(shipped)

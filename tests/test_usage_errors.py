@@ -49,6 +49,22 @@ def test_malformed_divergence_file(tmp_path):
 
 
 def test_framework_not_installed_gives_install_hint(monkeypatch):
-    monkeypatch.setattr(adapters, "framework_installed", lambda b: b == "numpy")
-    with pytest.raises(adapters.UsageError, match=r"needs jax, which is not installed; install it with: pip install"):
-        adapters.load("jax")
+    entries = dict(adapters.BACKENDS)
+    entries["fakefw"] = adapters.Backend("fakefw", "attnconf.adapters.numpy", ("no_such_framework_xyz",),
+                                         ("no-such-framework-xyz",), ("cpu",), "fakefw")
+    monkeypatch.setattr(adapters.BACKENDS, "_entries", entries)
+    with pytest.raises(adapters.UsageError, match=r"^backend 'fakefw': not installed: needs no_such_framework_xyz; "
+                                                  r"install it with: pip install 'attnconf\[fakefw\]'"):
+        adapters.load("fakefw")
+    assert "fakefw" not in adapters.available_backends()
+
+
+def test_registered_backend_without_adapter_module(monkeypatch):
+    """A backend whose adapter module is not in this attnconf (e.g. not merged yet) is refused in one line."""
+    entries = dict(adapters.BACKENDS)
+    entries["ghost"] = adapters.Backend("ghost", "attnconf.adapters.no_such_adapter", ("numpy",))
+    monkeypatch.setattr(adapters.BACKENDS, "_entries", entries)
+    with pytest.raises(adapters.UsageError, match=r"^backend 'ghost': adapter missing: no module "
+                                                  r"attnconf\.adapters\.no_such_adapter; this attnconf ships no"):
+        adapters.load("ghost")
+    assert adapters.BACKENDS["ghost"].status().startswith("adapter missing")

@@ -42,6 +42,14 @@ def hang(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scal
         time.sleep(3600)
 
 
+def hang_if_long_queries(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False):
+    """Never returns when Lq > 3; otherwise the (unmasked) attention output."""
+    if query.shape[-2] > 3:
+        hang(query, key, value)
+    return _plain_attention(query, key, value, scale)
+
+
 def alloc_unbounded(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """Allocates 64 MiB chunks, touching each, until allocation fails."""
     hoard = []

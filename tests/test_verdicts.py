@@ -1,0 +1,190 @@
+"""The verdict machinery, end to end (SPEC §15-16): divergences exempt only what they name, a
+divergence is itself checked, conditions decide where an entry holds, a stale entry never fails an
+implementation, an empty or short run is INCOMPLETE, a failure in one dtype leaves the others
+judged, and a hanging kernel ends the run in minutes with a complete run file.
+
+The kernels are in tests/kernels/verdicts.py and hostile.py; each run is a real
+`pytest conformance` subprocess on the numpy backend with a divergence folder of the test's own.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+EMPTY_MEAN = '''
+[[divergence]]
+id = "TEST-EMPTY-MEAN"
+clause = "ATTN-EMPTY-1"
+kind = "divergent"
+implementations = ["numpy:kernel:*"]
+region = "mask_emptied_rows"
+instead = "mean_of_values"
+quantities = ["out"]
+reason = "test entry: rows the mask empties output the mean of V"
+witness = "fully_masked_row"
+{extra}
+'''
+
+
+def suite(tmp_path: Path, *args: str, entries: str | None = None, timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
+    report = tmp_path / "run.json"
+    folder = tmp_path / "divergences"
+    folder.mkdir(exist_ok=True)
+    if entries is not None:
+        (folder / "numpy.toml").write_text(entries)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "conformance", "--backend=numpy", "--hypothesis-profile=ci",
+                           "-q", "-p", "no:cacheprovider", f"--divergences-dir={folder}", f"--report={report}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads(report.read_text())
+
+
+def test_a_bug_behind_a_declared_divergence_is_caught(tmp_path):
+    """The kernel's empty rows are declared (mean of V); its other rows, wrong in exactly the cases that
+    have an empty row, are still judged: NONCONFORMANT. A whole-case exemption passed it."""
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:MeanOfValuesTripledLogits",
+                      entries=EMPTY_MEAN.format(extra=""))
+    assert run["verdict"]["verdict"] == "NONCONFORMANT", proc.stdout[-2000:]
+    assert proc.returncode == 1
+    failing = [c for c in run["cells"] if c["status"] == "failing"]
+    assert failing and all(c["first_failure"]["case"] for c in failing)
+    assert "mask=" in " ".join(c["first_failure"]["case"] for c in failing)   # the failing cases have masks
+
+
+def test_the_same_kernel_without_the_bug_conforms_with_its_divergence(tmp_path):
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:MeanOfValues", entries=EMPTY_MEAN.format(extra=""))
+    v = run["verdict"]
+    assert v["verdict"] == "CONFORMANT_WITH_DIVERGENCES", proc.stdout[-3000:]
+    assert v["divergences"] == ["TEST-EMPTY-MEAN"] and proc.returncode == 0
+    divergent = {(c["clause"], c["dtype"]) for c in run["cells"] if c["status"] == "divergent"}
+    assert divergent and {c for c, _ in divergent} == {"ATTN-EMPTY-1"}, divergent   # only where it applies
+    assert sum(c["checked"] for c in run["cells"] if c["status"] == "conformant") > 500   # everything else judged
+    entry = run["divergences"][0]
+    assert entry["holds"] and entry["witness_status"] == "diverges as declared", entry
+
+
+def test_a_divergence_is_checked_against_what_it_declares(tmp_path):
+    """The same kernel with an entry that declares NaN rows instead of the mean: the rows do not do
+    what the entry says, so the run fails on the entry's clause."""
+    wrong = EMPTY_MEAN.format(extra="").replace('instead = "mean_of_values"', 'instead = "nan"')
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:MeanOfValues", entries=wrong)
+    assert run["verdict"]["verdict"] == "NONCONFORMANT"
+    assert "ATTN-EMPTY-1" in run["verdict"]["failed_clauses"], run["verdict"]
+    assert "does not behave as declared" in proc.stdout
+
+
+def test_an_entry_whose_conditions_exclude_this_machine_is_inactive(tmp_path):
+    """An entry that holds only on a CPU without SSE2 (none that runs this suite) does not apply: the
+    kernel's empty rows are judged by the spec and fail; the entry is reported inactive, not stale."""
+    entries = EMPTY_MEAN.format(extra='when = { cpu = "not sse2" }')
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:MeanOfValues", entries=entries)
+    entry = run["divergences"][0]
+    assert entry["holds"] is False and "sse2" in entry["condition"], entry
+    assert run["verdict"]["verdict"] == "NONCONFORMANT" and "ATTN-EMPTY-1" in run["verdict"]["failed_clauses"]
+    assert "inactive here" in proc.stdout
+
+
+def test_an_inactive_entry_leaves_a_correct_kernel_conformant(tmp_path):
+    entries = EMPTY_MEAN.format(extra='when = { packages = { numpy = "<1" } }')
+    proc, run = suite(tmp_path, "--impl=numpy:reference", entries=entries.replace("numpy:kernel:*", "numpy:reference"))
+    assert run["verdict"]["verdict"] == "CONFORMANT", proc.stdout[-2000:]
+    assert run["divergences"][0]["holds"] is False and "numpy" in run["divergences"][0]["condition"]
+
+
+def test_a_stale_entry_is_shown_and_never_fails_the_implementation(tmp_path):
+    """An entry declared for a correct implementation: its witness conforms. The verdict stays
+    CONFORMANT, the entry is listed as stale in the run file and the terminal."""
+    entries = EMPTY_MEAN.format(extra="").replace("numpy:kernel:*", "numpy:reference")
+    proc, run = suite(tmp_path, "--impl=numpy:reference", entries=entries)
+    assert run["verdict"]["verdict"] == "CONFORMANT", proc.stdout[-2000:]
+    assert run["verdict"]["stale"] == ["TEST-EMPTY-MEAN"] and proc.returncode == 0
+    assert "STALE divergence TEST-EMPTY-MEAN" in proc.stdout
+    check = subprocess.run([sys.executable, "-m", "attnconf.conformance.entries_check", str(tmp_path / "run.json")],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert check.returncode == 1 and "TEST-EMPTY-MEAN" in check.stdout + check.stderr
+
+
+def test_an_empty_selection_is_incomplete(tmp_path):
+    proc, run = suite(tmp_path, "-k", "nothing_matches_this", entries="")
+    assert run["verdict"]["verdict"] == "INCOMPLETE" and proc.returncode != 0
+    assert run["records"] == []
+
+
+def test_a_partial_selection_is_incomplete_and_names_the_missing_cells(tmp_path):
+    proc, run = suite(tmp_path, "-k", "test_output_matches_reference", entries="")
+    v = run["verdict"]
+    assert v["verdict"] == "INCOMPLETE" and proc.returncode != 0
+    assert any(m["clause"] == "ATTN-CAUSAL-2" and m["status"] == "not_run" for m in v["missing"]), v["missing"][:5]
+    assert "cells missing the floor" in proc.stdout
+
+
+def test_a_failure_in_one_dtype_leaves_the_others_judged(tmp_path):
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:HalfOnlyWrong", entries="")
+    assert run["verdict"]["verdict"] == "NONCONFORMANT"
+    cells = [c for c in run["cells"] if c["clause"] == "ATTN-OP-4"]
+    by_dtype = {c["dtype"]: c["status"] for c in cells}
+    assert by_dtype["float16"] == "failing", by_dtype
+    assert {by_dtype[d] for d in ("float64", "float32", "bfloat16")} == {"conformant"}, by_dtype
+
+
+def test_failed_clauses_are_the_clauses_that_failed(tmp_path):
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:WrongOutputDtype", entries="")
+    v = run["verdict"]
+    assert v["verdict"] == "NONCONFORMANT" and v["failed_clauses"] == ["ATTN-OP-5"], v["failed_clauses"]
+    assert v["failures"][0]["replay"]
+    op5 = {c["dtype"]: c["status"] for c in run["cells"] if c["clause"] == "ATTN-OP-5"}
+    assert op5["float16"] == op5["bfloat16"] == "failing" and op5["float32"] == op5["float64"] == "conformant", op5
+
+
+@pytest.mark.slow
+def test_a_hanging_kernel_ends_within_minutes_with_a_complete_run_file(tmp_path):
+    """A kernel that never returns once Lq > 3, under --isolate with default options: after two
+    timed-out calls it is not called again, so the run ends in minutes and its file is complete."""
+    started = time.time()
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.hostile:hang_if_long_queries", "--isolate", entries="",
+                      timeout=330)
+    assert time.time() - started < 300, f"took {time.time() - started:.0f} s"
+    assert run["complete"] and run["verdict"]["verdict"] == "NONCONFORMANT"
+    statuses = {r["status"] for r in run["records"]}
+    assert "timeout" in statuses and len(run["records"]) > 100, statuses
+    assert any("not called" in (r["message"] or "") for r in run["records"])
+
+
+def test_a_stopped_run_keeps_its_records(tmp_path):
+    """SIGTERM in the middle of a run: the run file holds the records so far and says INCOMPLETE."""
+    report = tmp_path / "run.json"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "conformance", "--backend=numpy", "-q", "-p",
+                             "no:cacheprovider", "--hypothesis-profile=ci", f"--report={report}"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (report.exists() and json.loads(report.read_text())["records"]):
+        time.sleep(0.5)
+    proc.terminate()
+    proc.communicate(timeout=120)
+    run = json.loads(report.read_text())
+    assert run["records"] and run["verdict"]["verdict"] == "INCOMPLETE" and run["complete"] is False
+
+
+def test_each_cell_has_its_own_hypothesis_database_key():
+    """One key per property x implementation x dtype: replaying a failure re-runs that cell's own
+    failing example and nothing else (a shared key replayed one test's failures into another)."""
+    from hypothesis.internal.reflection import function_digest
+
+    from attnconf.conformance import harness
+    from attnconf.conformance.test_agreement import test_lse_matches_reference, test_output_matches_reference
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+    bodies = [harness.cell_body(fn, Fake(impl), dtype, budget=0)
+              for fn in (test_output_matches_reference, test_lse_matches_reference)
+              for impl in ("a:x", "a:y") for dtype in ("float32", "float16")]
+    assert len({function_digest(b) for b in bodies}) == len(bodies) == 8
