@@ -139,8 +139,8 @@ class OnnxAdapter(Adapter):
             raise KernelError(f"{self.name} raised {type(exc).__name__}: {_one_line(exc)}") from exc
 
     def describe(self) -> dict[str, Any]:
-        d = {**super().describe(), "framework": "onnx", "onnx": onnx.__version__, "runtime": self.runtime,
-             **self.cache.stats()}
+        d = {**super().describe(), "framework": "onnx", "version": onnx.__version__, "onnx": onnx.__version__,
+             "runtime": self.runtime, **self.cache.stats()}
         if ORT_AVAILABLE:
             import onnxruntime  # noqa: PLC0415
 
@@ -172,7 +172,8 @@ class OrtAdapter(OnnxAdapter):
     def describe(self) -> dict[str, Any]:
         import onnxruntime as ort  # noqa: PLC0415
 
-        return {**super().describe(), "providers": ["CPUExecutionProvider"], "intra_op_num_threads": 1,
+        return {**super().describe(), "framework": "onnxruntime", "version": ort.__version__,
+                "providers": ["CPUExecutionProvider"], "intra_op_num_threads": 1,
                 "graph_optimization_level": "ORT_ENABLE_ALL (default)",
                 "session_environment": dict(self.environment), "ort_build": ort.get_build_info()}
 
