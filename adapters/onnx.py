@@ -215,8 +215,9 @@ class OrtGqaAdapter(OrtAdapter):
     example_budget = 2.0
 
     def scope(self) -> dict[str, Any]:
-        """The CPU kernel requires head_size % 8 == 0 ("head_size must be a multiple of 8")."""
-        return {"head_dims": tuple(range(8, 257, 8))}
+        """The CPU kernel requires head_size % 8 == 0 ("head_size must be a multiple of 8"); the new chunk is
+        the last Lq keys, so the keys must cover the queries (Lk >= Lq, kv_lengths >= Lq)."""
+        return {"head_dims": tuple(range(8, 257, 8)), "kv_covers_q": True}
 
     def call_for(self, case: Case) -> OpCall:
         if gqa_needs_split(case):

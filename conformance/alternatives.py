@@ -350,6 +350,18 @@ def _unmasked(entry, case, res, masks) -> Verdict:
     return _judge_against(case.replace(mask=None), case, res, masks)
 
 
+def load_all() -> None:
+    """Import every `alternatives_<backend>.py` beside this module (their @alternative functions register)."""
+    import importlib
+    import pkgutil
+
+    import attnconf.conformance as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name.startswith("alternatives_"):
+            importlib.import_module(f"attnconf.conformance.{info.name}")
+
+
 def check(entry: dict[str, Any], case, res, masks: dict[str, np.ndarray]) -> Verdict:
     """Judge the covered elements of `res` against the entry's alternative; elements that conform to
     the spec itself are accepted as well (the implementation may have improved)."""

@@ -146,10 +146,12 @@ class Divergences:
     """The entries of one backend on one device, validated, with their conditions evaluated."""
 
     def __init__(self, entries: list[dict[str, Any]], device: str):
+        from .alternatives import load_all as load_alternatives
         from .regions import load_all as load_regions
         from .witnesses import WITNESSES
         from .witnesses import load_all as load_witnesses
 
+        load_alternatives()
         load_regions()
         load_witnesses()
         self.device = device

@@ -286,7 +286,8 @@ def scope_of(adapter: Adapter) -> dict[str, Any]:
     return {"features": frozenset(getattr(adapter, "capabilities", frozenset())),
             "dtypes": tuple(getattr(adapter, "dtypes", DTYPES)),
             "max_head_dim": getattr(adapter, "max_head_dim", None),
-            "head_dims": declared.get("head_dims"), "max_seqlen": declared.get("max_seqlen")}
+            "head_dims": declared.get("head_dims"), "max_seqlen": declared.get("max_seqlen"),
+            "kv_covers_q": declared.get("kv_covers_q", False)}
 
 
 # ---- running and judging ----------------------------------------------

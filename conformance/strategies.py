@@ -107,6 +107,8 @@ def shapes(draw, *, gqa: bool = True, cross: bool = True, dv_ne_dk: bool = True,
     dv_ne_dk = dv_ne_dk and allows("dv_ne_dk")
     lq = draw(lengths(max_len))
     lk = draw(lengths(max_len)) if cross and draw(st.booleans()) else lq
+    if _limit("kv_covers_q") and lk < lq:      # a kernel whose keys must cover its queries (e.g. a KV-cache op)
+        lq, lk = lk, lq
     dk = draw(st.sampled_from(_head_dims()))
     dv = draw(st.sampled_from(_head_dims())) if dv_ne_dk and not same_d and draw(st.integers(0, 3)) == 0 else dk
     hkv = draw(st.sampled_from((1, 2, 1, 3)))
@@ -181,6 +183,8 @@ def mask_params(draw, rng: np.random.Generator, s: dict[str, int], *, causal: bo
         p["kv_lengths"] = rng.integers(0 if empty_rows else 1, lk + 1, size=b)
         if allows("q_lengths") and draw(st.booleans()):
             p["q_lengths"] = rng.integers(0 if empty_rows else 1, lq + 1, size=b)
+        if _limit("kv_covers_q"):
+            p["kv_lengths"] = np.maximum(p["kv_lengths"], p.get("q_lengths", np.full(b, lq)))
     return p
 
 
