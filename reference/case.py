@@ -203,7 +203,9 @@ class Case:
                          ("gqa", s["Hkv"] != s["Hq"]), ("custom_scale", self.scale is not None),
                          ("dv_ne_dk", s["Dv"] != s["Dk"]), ("cross", s["Lq"] != s["Lk"]),
                          ("dropout", bool(self.dropout_p)), ("softcap", self.softcap is not None),
-                         ("alibi", self.alibi_slopes is not None), ("sinks", self.sinks is not None)):
+                         ("alibi", self.alibi_slopes is not None and self.window_align == "bottom_right"),
+                         ("alibi_top_left", self.alibi_slopes is not None and self.window_align == "top_left"),
+                         ("sinks", self.sinks is not None)):
             if on:
                 f.add(name)
         if self.causal is not None:
