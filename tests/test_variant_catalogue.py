@@ -136,3 +136,17 @@ def test_suite_catches_variant_bug(name, tmp_path, record_property):
           f"{run.wall_s:.1f} s wall")
     assert run.returncode == 1 and run.report["verdict"]["verdict"] == "NONCONFORMANT", \
         f"the suite did not catch {name} ({variant_bugs.BUGS[name].clause}):\n{run.output_tail}"
+
+
+def test_reference_adapter_returns_the_sink_aware_lse_and_dsinks():
+    """numpy:reference: lse includes the sink (and is the sink on rows with no key); grads carry dsinks."""
+    from attnconf.adapters.numpy import ReferenceAdapter
+    from attnconf.reference import round_to
+
+    case = _case(Lq=9, Lk=4, sinks=SINKS, causal="bottom_right", grad=True, dtype="bfloat16")
+    res = ReferenceAdapter().run(case, grads=True)
+    ref = oracle(case)
+    np.testing.assert_array_equal(res.lse, round_to(ref.lse, "float32"))
+    empty = ~ref.visible.any(axis=-1)
+    assert empty.any() and np.array_equal(res.lse[empty], np.broadcast_to(case.sinks[None, :, None], empty.shape)[empty])
+    np.testing.assert_array_equal(res.grads["dsinks"], round_to(backward(case).dsinks, "bfloat16"))
