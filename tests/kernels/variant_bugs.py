@@ -71,7 +71,9 @@ def variant_forward(case: Case, **defects) -> Forward:
                     ali[b] = sl[b][:, None, None] * np.abs(dist)
                 elif d.get("alibi_signed_distance"):
                     ali[b] = -sl[b][:, None, None] * dist
-                elif d.get("alibi_row_constant"):          # flash-attention 2's causal form: +m j
+                elif d.get("alibi_row_constant") and case.causal == align:
+                    # flash-attention 2's causal form (csrc/flash_attn/src/alibi.h): +m j, equal to the spec's
+                    # bias on every visible key up to the row constant m (i + off): same output, shifted lse
                     ali[b] = sl[b][:, None, None] * np.arange(Lk)[None, None, :]
                 else:
                     ali[b] = -sl[b][:, None, None] * np.abs(dist)
@@ -229,7 +231,8 @@ _defect("alibi_top_left", "ATTN-ALIBI-1", "Defect: ALiBi distances are measured 
 _defect("alibi_batch_slopes_ignored", "ATTN-ALIBI-1", "Defect: (B, Hq) slopes are read as batch element 0's for every batch.")
 _defect("alibi_scaled", "ATTN-ALIBI-1", "Defect: the ALiBi bias is multiplied by the softmax scale.")
 _defect("alibi_row_constant", "ATTN-ALIBI-2",
-        "Defect: ALiBi added as +m j (flash-attention 2's causal form): right output, lse off by m (i + off).")
+        "Defect: under causal masking ALiBi is added as +m j (flash-attention 2's causal form): right output, "
+        "lse off by m (i + off).")
 # ---- sinks ------------------------------------------------------------------------------
 _defect("sink_ignored", "ATTN-SINK-1", "Defect: the sinks argument is accepted and ignored.")
 _defect("sink_missing_from_lse", "ATTN-SINK-2", "Defect: the sink joins the denominator of P but not the returned lse.")
