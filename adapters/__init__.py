@@ -113,16 +113,13 @@ def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
     if device not in devices:
         raise UsageError(f"unknown device {device!r} for backend {backend!r}; choose from {', '.join(devices)}")
     if kernel is not None:
-        fn = resolve_kernel(kernel, getattr(module, "check_kernel_signature", None))
-        name = f"{backend}:kernel:{kernel}"
         from .base import Adapter
 
-        if isinstance(fn, type) and issubclass(fn, Adapter):
-            fn = fn(device)
-        if isinstance(fn, Adapter):      # e.g. a kernel whose calling convention needs the whole Case
-            fn.name, fn.trusted = name, False
-            return [fn]
-        return [module.kernel_adapter(fn, device, name)]
+        ready = resolve_kernel(kernel, check=lambda obj: None)
+        if isinstance(ready, Adapter) or (isinstance(ready, type) and issubclass(ready, Adapter)):
+            return [_ready_adapter(ready, kernel, backend, device, convention)]
+        fn = resolve_kernel(kernel, getattr(module, "check_kernel_signature", None))
+        return [module.kernel_adapter(fn, device, f"{backend}:kernel:{kernel}")]
     adapters = module.implementations(device, options)
     if impl is not None:
         wanted = {w.strip() for w in impl.split(",")}
@@ -135,6 +132,25 @@ def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
     if not adapters:
         raise UsageError(f"backend {backend!r} has no implementation that runs on {device!r}")
     return adapters
+
+
+def _ready_adapter(obj, spec: str, backend: str, device: str, convention: str | None) -> "Adapter":
+    """A --kernel that is already an `Adapter` (class or instance): used as is, for any backend and any
+    features it declares (a calling convention that cannot express a window, a softcap, ALiBi or sinks
+    is not in the way), but untrusted like every third-party kernel and named after the --kernel."""
+    if convention is not None:
+        raise UsageError(f"--kernel {spec} is an Adapter, which defines its own calling convention; drop --convention")
+    if isinstance(obj, type):
+        try:
+            obj = obj(device)
+        except Exception as exc:
+            raise UsageError(f"--kernel {spec}: cannot instantiate the Adapter: {type(exc).__name__}: {exc}") from None
+    if device not in obj.devices:
+        raise UsageError(f"--kernel {spec}: the Adapter runs on {', '.join(obj.devices)}, not {device!r}")
+    obj.device = device
+    obj.trusted = False
+    obj.name = f"{backend}:kernel:{spec}"
+    return obj
 
 
 __all__ = ["Adapter", "BACKENDS", "Backend", "CAPABILITIES", "CallableAdapter", "Implementation", "KernelError",

@@ -42,7 +42,8 @@ CAPABILITIES = frozenset({
     "window_top_left",     # sliding window (ATTN-WIN-*), aligned top-left
     "window_bottom_right",  # sliding window aligned bottom-right (flash-attention's)
     "softcap",         # logit soft-capping (ATTN-CAP-*)
-    "alibi",           # ALiBi slopes (ATTN-ALIBI-*)
+    "alibi",           # ALiBi slopes (ATTN-ALIBI-*), distances from the bottom-right diagonal (flash-attention's)
+    "alibi_top_left",  # ALiBi with distances from the top-left diagonal (window_align="top_left")
     "sinks",           # per-head attention-sink logits (ATTN-SINK-*)
 })
 

@@ -2,7 +2,10 @@
 
 `numpy:reference` returns the oracle rounded once to the dtype under test: a
 perfect kernel. It lets the whole suite run end to end with nothing but NumPy,
-and it is what every property must pass. `--kernel` with `--backend=numpy`
+and it is what every property must pass. It implements every feature of the
+spec (window, softcap, ALiBi, sinks included); its lse is the oracle's, so it
+includes a sink (ATTN-SINK-2) and is the sink on rows that see no key, rounded
+to float32 (the statistic's dtype in flash-style kernels) below float64. `--kernel` with `--backend=numpy`
 wraps a NumPy function with the SDPA calling convention.
 """
 from __future__ import annotations
@@ -43,6 +46,8 @@ class ReferenceAdapter(Adapter):
             res.grads = {n: round_to(getattr(g, n), t) for n in ("dq", "dk", "dv")}
             if case.bias is not None:
                 res.grads["dbias"] = round_to(g.dbias, t)
+            if case.sinks is not None:   # ATTN-SINK-4: flash-attention 4 differentiates its learnable sink
+                res.grads["dsinks"] = round_to(g.dsinks, t)
         return res
 
     def run_raw(self, q, k, v, dtype):

@@ -490,3 +490,293 @@ def dropout_cases(draw, *, dtypes: tuple[str, ...] = ("float32", "float64"),
     v = np.broadcast_to(np.eye(lk), (b, hq, lk, lk)).copy()
     return Case.build(q, k, v, dtype=dtype, seed=seed, causal=draw(st.sampled_from((None, "top_left"))),
                       dropout_p=draw(st.sampled_from(probabilities)))
+
+
+# ---- variant strategies (sliding window, softcap, ALiBi, sinks, decode, lse) ----
+# Appended by the reference/variants helper. Each takes `dtypes=` and draws the dtype with
+# `sampled_from(dtypes)` (through `cases`, or directly), so a kernel's declared dtypes restrict them.
+
+ALIGNMENTS = ("bottom_right", "top_left")
+
+
+def _window_side(draw, lk: int) -> int:
+    """-1 (unbounded), a bound of 0..3 keys, or a bound of a quarter or half of Lk: values that matter."""
+    return draw(st.sampled_from((-1, 0, 1, 2, 3, max(lk // 4, 1), max(lk // 2, 1))))
+
+
+@st.composite
+def window_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, causal: bool = True,
+                 empty_rows: bool = True, grad: bool = False, layouts: bool = False, **switches) -> Case:
+    """A case with a sliding window (ATTN-WIN-*): either alignment, each side -1 or a bound that matters
+    (0..3 keys, Lk/4, Lk/2), at least one side bounded; combined with causal masking of either alignment,
+    masks and padding as `cases` draws them. Lq != Lk half the time, so alignment matters, and bottom-right
+    windows over Lq > Lk or top-left windows past Lk leave rows empty (not with empty_rows=False, which
+    also keeps masks and padding from emptying rows and widens a window that would)."""
+    case = draw(cases(max_len=max_len, dtypes=dtypes, causal=causal, empty_rows=empty_rows, grad=grad,
+                      layouts=layouts, **switches))
+    lk = case.shape["Lk"]
+    left, right = _window_side(draw, lk), _window_side(draw, lk)
+    if left == right == -1:
+        left = draw(st.sampled_from((0, 1, 2)))
+    out = case.replace(window=(left, right), window_align=draw(st.sampled_from(ALIGNMENTS)))
+    if not empty_rows and not visible_rows_only(out):
+        out = out.replace(window=(left, -1), window_align="bottom_right", causal=None)
+        if not visible_rows_only(out):
+            out = out.replace(window=(-1, max(right, 0)), window_align="bottom_right")
+    return out
+
+
+def _scaled_logit_max(case: Case) -> float:
+    """max |s <q, k>| over the case (float64), the magnitude a softcap is drawn against."""
+    from attnconf.reference import expand_kv
+
+    k = expand_kv(case.k, case.shape["Hq"])
+    if k.shape[2] == 0:
+        return 0.0
+    return float(np.abs(case.effective_scale * np.einsum("bhid,bhjd->bhij", case.q, k)).max(initial=0.0))
+
+
+@st.composite
+def softcap_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, grad: bool = False,
+                  windows: bool = True, alibi: bool = True, layouts: bool = False, **switches) -> Case:
+    """A case with a softcap comparable to its logits (ATTN-CAP-*): c = factor * max|s q.k| with factor
+    in (0.05, 0.3, 1, 3), so the cap bends the largest logits hard, some, or barely; the value regimes of
+    `cases` (ordinary to 1e4) all occur. Sometimes with a window or ALiBi as well."""
+    case = draw(cases(max_len=max_len, dtypes=dtypes, grad=grad, layouts=layouts, **switches))
+    top = _scaled_logit_max(case)
+    factor = draw(st.sampled_from((0.05, 0.3, 1.0, 3.0)))
+    cap = float(f"{max(factor * top, 0.05):.3g}")
+    changes: dict = {"softcap": cap}
+    if windows and draw(st.integers(0, 3)) == 0:
+        lk = case.shape["Lk"]
+        changes["window"] = (max(_window_side(draw, lk), 0), _window_side(draw, lk))
+        changes["window_align"] = draw(st.sampled_from(ALIGNMENTS))
+    if alibi and draw(st.integers(0, 3)) == 0:
+        changes["alibi_slopes"] = draw(alibi_slopes(case))
+    return case.replace(**changes)
+
+
+@st.composite
+def alibi_slopes(draw, case: Case) -> np.ndarray:
+    """Slopes of shape (Hq,) or (B, Hq): the ALiBi paper's 2^(-8h/Hq), uniform in [0, 1), or with a zero."""
+    b, hq = case.shape["B"], case.shape["Hq"]
+    shape = draw(st.sampled_from(((hq,), (b, hq))))
+    rng = np.random.default_rng(case.seed + 3)
+    kind = draw(st.sampled_from(("paper", "uniform", "with_zero")))
+    if kind == "paper":
+        sl = np.broadcast_to(2.0 ** (-8.0 * np.arange(1, hq + 1) / hq), shape).copy()
+    else:
+        sl = rng.uniform(0.0, 1.0, shape)
+        if kind == "with_zero":
+            sl.reshape(-1)[int(rng.integers(sl.size))] = 0.0
+    return sl
+
+
+@st.composite
+def alibi_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, grad: bool = False,
+                windows: bool = True, layouts: bool = False, **switches) -> Case:
+    """A case with ALiBi slopes (ATTN-ALIBI-*), per head (Hq,) or per batch and head (B, Hq), either
+    alignment, with or without causal masking, padding (per-sequence offsets) and sometimes a window."""
+    case = draw(cases(max_len=max_len, dtypes=dtypes, grad=grad, layouts=layouts, **switches))
+    changes: dict = {"alibi_slopes": draw(alibi_slopes(case)), "window_align": draw(st.sampled_from(ALIGNMENTS))}
+    if windows and draw(st.integers(0, 3)) == 0:
+        lk = case.shape["Lk"]
+        changes["window"] = (_window_side(draw, lk), max(_window_side(draw, lk), 0))
+    return case.replace(**changes)
+
+
+SINK_OFFSETS = (-40.0, -5.0, -1.0, 0.0, 1.0, 5.0, 40.0)
+
+
+@st.composite
+def sink_values(draw, case: Case) -> np.ndarray:
+    """Per-head sinks placed against the heads' typical lse: far below (no effect), comparable, or far
+    above (the sink dominates and scales rows by ~exp(lse - sink)); 0-centred when no row sees a key."""
+    from attnconf.reference import oracle
+
+    base = oracle(case.replace(sinks=None)).lse
+    hq = case.shape["Hq"]
+    centre = np.zeros(hq)
+    for h in range(hq):
+        fin = base[:, h][np.isfinite(base[:, h])]
+        centre[h] = float(np.median(fin)) if fin.size else 0.0
+    offsets = np.array([draw(st.sampled_from(SINK_OFFSETS)) for _ in range(min(hq, 4))])
+    sinks = centre + np.resize(offsets, hq)
+    if case.dtype == "float16":
+        sinks = np.clip(sinks, -6e4, 6e4)
+    return sinks
+
+
+@st.composite
+def sink_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, grad: bool = False,
+               windows: bool = True, layouts: bool = False, **switches) -> Case:
+    """A case with per-head sinks (ATTN-SINK-*), small and dominant (see `sink_values`), sometimes with a
+    window; masks, padding and causal masking give rows with no key, whose lse must be the sink."""
+    case = draw(cases(max_len=max_len, dtypes=dtypes, grad=grad, layouts=layouts, **switches))
+    if windows and draw(st.integers(0, 2)) == 0:
+        lk = case.shape["Lk"]
+        case = case.replace(window=(_window_side(draw, lk), _window_side(draw, lk)),
+                            window_align=draw(st.sampled_from(ALIGNMENTS)))
+    return case.replace(sinks=draw(sink_values(case)))
+
+
+DECODE_LENGTHS = (1, 2, 17, 127, 128, 129, 255, 256, 257, 511, 1023, 1024, 2049, 4096)
+
+
+@st.composite
+def decode_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, lengths: tuple[int, ...] = DECODE_LENGTHS,
+                 variants: bool = True) -> Case:
+    """Decode (ATTN-DECODE-1): Lq = 1 against a long KV, GQA groups up to 8, per-sequence kv lengths,
+    bottom-right causal (the query on the last key); with a window (w, -1 or 0), softcap, ALiBi and sinks
+    each half the time when `variants`."""
+    lk = draw(st.sampled_from(lengths))
+    hkv = draw(st.sampled_from((1, 2)))
+    group = draw(st.sampled_from((1, 4, 8)))
+    d = draw(st.sampled_from((64, 128, 32, 8)))
+    b = draw(st.sampled_from((1, 2, 3)))
+    while b * hkv * group * lk * 2 * d > BUDGET and (b > 1 or group > 1 or d > 8):
+        if b > 1:
+            b -= 1
+        elif group > 1:
+            group //= 2
+        else:
+            d //= 2
+    s = {"B": b, "Hq": hkv * group, "Hkv": hkv, "Lq": 1, "Lk": lk, "Dk": d, "Dv": d}
+    dtype = draw(st.sampled_from(dtypes))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    q, k, v = values(rng, s, draw(st.sampled_from(("ordinary", "ordinary", "large", "near_ties"))), dtype)
+    p: dict = {"causal": draw(st.sampled_from(("bottom_right", None)))}
+    if b > 1 and draw(st.booleans()):
+        p["kv_lengths"] = rng.integers(1, lk + 1, size=b)
+    case = Case.build(q, k, v, dtype=dtype, seed=seed, **p)
+    if variants:
+        changes: dict = {}
+        if draw(st.booleans()):
+            changes["window"] = (draw(st.sampled_from((0, 1, 7, 63, 255, 1000))), draw(st.sampled_from((-1, 0))))
+        if draw(st.booleans()):
+            changes["softcap"] = float(f"{max(0.3 * _scaled_logit_max(case), 0.05):.3g}")
+        if draw(st.booleans()):
+            changes["alibi_slopes"] = draw(alibi_slopes(case))
+        case = case.replace(**changes) if changes else case
+        if draw(st.booleans()):
+            case = case.replace(sinks=draw(sink_values(case)))
+    return case
+
+
+@st.composite
+def variant_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, grad: bool = False,
+                  sinks: bool = True, layouts: bool = False, **switches) -> Case:
+    """Any mixture of the variants (window, softcap, ALiBi, sinks), at least one, on top of `cases`."""
+    case = draw(cases(max_len=max_len, dtypes=dtypes, grad=grad, layouts=layouts, **switches))
+    lk = case.shape["Lk"]
+    on = draw(st.lists(st.sampled_from(("window", "softcap", "alibi", "sinks") if sinks else
+                                       ("window", "softcap", "alibi")), min_size=1, max_size=4, unique=True))
+    changes: dict = {}
+    if "window" in on:
+        changes["window"] = (_window_side(draw, lk), _window_side(draw, lk))
+    if "softcap" in on:
+        changes["softcap"] = float(f"{max(draw(st.sampled_from((0.1, 0.5, 2.0))) * _scaled_logit_max(case), 0.05):.3g}")
+    if "alibi" in on:
+        changes["alibi_slopes"] = draw(alibi_slopes(case))
+    if changes:
+        changes["window_align"] = draw(st.sampled_from(ALIGNMENTS))
+        case = case.replace(**changes)
+    if "sinks" in on:
+        case = case.replace(sinks=draw(sink_values(case)))
+    return case
+
+
+@st.composite
+def window_probe_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, max_len: int = 33) -> Case:
+    """Q = 0 and V = the identity (Dk = Dv = Lk): every visible key of a row has weight 1/|J| and the output
+    row *is* the weight row, so the keys at and just past each inclusive bound of ATTN-WIN-1 can be read
+    off one by one. Either alignment, Lq != Lk half the time, GQA, sometimes causal and padding."""
+    lk = draw(st.sampled_from([n for n in SMALL_LENGTHS if 2 <= n <= max_len]))
+    lq = draw(st.sampled_from([n for n in SMALL_LENGTHS if n <= max_len])) if draw(st.booleans()) else lk
+    hkv, group, b = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2)))
+    dtype = draw(st.sampled_from(dtypes))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    q = np.zeros((b, hkv * group, lq, lk))
+    k = rng.normal(size=(b, hkv, lk, lk))
+    v = np.broadcast_to(np.eye(lk), (b, hkv, lk, lk)).copy()
+    p: dict = {"window": (_window_side(draw, lk), _window_side(draw, lk)),
+               "window_align": draw(st.sampled_from(ALIGNMENTS)),
+               "causal": draw(st.sampled_from((None, None, "top_left", "bottom_right")))}
+    if p["window"] == (-1, -1):
+        p["window"] = (1, 1)
+    if draw(st.integers(0, 3)) == 0:
+        p["kv_lengths"] = rng.integers(1, lk + 1, size=b)
+        p["q_lengths"] = rng.integers(1, lq + 1, size=b)
+    return Case.build(q, k, v, dtype=dtype, seed=seed, **p)
+
+
+@st.composite
+def window_empty_row_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, max_len: int = 33, sinks: bool = False) -> Case:
+    """A window that certainly leaves rows without a key: bottom-right with Lq > Lk + right (the top rows
+    end before key 0), or top-left with Lq > Lk + left (the bottom rows start past the last key); no
+    padding or masks, so the window alone empties them. With `sinks`, per-head sinks as well."""
+    align = draw(st.sampled_from(ALIGNMENTS))
+    lk = draw(st.sampled_from([n for n in SMALL_LENGTHS if n <= min(16, max_len)]))
+    near = draw(st.integers(0, 3))
+    lq = min(lk + near + draw(st.integers(1, 9)), max(max_len, lk + near + 1))
+    far = draw(st.sampled_from((-1, 0, 1, 2, 5)))
+    window = (far, near) if align == "bottom_right" else (near, far)
+    case = draw(cases_with_shape(lq=lq, lk=lk, dtypes=dtypes, masks=False, padding=False, bias=False, layouts=False,
+                                 causal=False))
+    case = case.replace(window=window, window_align=align)
+    if sinks:
+        case = case.replace(sinks=draw(sink_values(case)))
+    return case
+
+
+@st.composite
+def softcap_probe_cases(draw, *, dtypes: tuple[str, ...] = DTYPES) -> Case:
+    """Logits up to ~1e3 against a small cap c in (0.25, 0.5, 1), V = the identity (Dk = Dv = Lk, at least
+    4 keys): ATTN-CAP-2 bounds every visible weight by exp(-2c)/n .. exp(2c)/n whatever the logits are."""
+    lk = draw(st.sampled_from((4, 5, 8, 11, 16, 17, 32)))
+    lq = draw(st.sampled_from((1, 3, 8, 16)))
+    b, hq = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
+    dtype = draw(st.sampled_from(dtypes))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    mag = draw(st.sampled_from((30.0, 300.0, 1000.0)))
+    q = rng.normal(size=(b, hq, lq, lk)) * np.sqrt(mag)
+    k = rng.normal(size=(b, hq, lk, lk)) * np.sqrt(mag)
+    v = np.broadcast_to(np.eye(lk), (b, hq, lk, lk)).copy()
+    return Case.build(q, k, v, dtype=dtype, seed=seed, softcap=draw(st.sampled_from((0.25, 0.5, 1.0))),
+                      causal=draw(st.sampled_from((None, "bottom_right"))))
+
+
+@st.composite
+def alibi_probe_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, max_len: int = 33) -> Case:
+    """Q = 0 and V = the identity: row i's weights are exp(-m |i + off - j|) normalised, so the output shows
+    the ALiBi bias itself (sign, absolute value, offset, alignment, per-batch slopes). Slopes in [0.05, 1]
+    keep the weights of a few keys on each side of the diagonal readable in every dtype."""
+    lk = draw(st.sampled_from([n for n in SMALL_LENGTHS if 3 <= n <= max_len]))
+    lq = draw(st.sampled_from([n for n in SMALL_LENGTHS if n <= max_len])) if draw(st.booleans()) else lk
+    b, hq = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
+    dtype = draw(st.sampled_from(dtypes))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    shape = draw(st.sampled_from(((hq,), (b, hq))))
+    q = np.zeros((b, hq, lq, lk))
+    k = rng.normal(size=(b, 1, lk, lk))
+    v = np.broadcast_to(np.eye(lk), (b, 1, lk, lk)).copy()
+    p: dict = {"alibi_slopes": rng.uniform(0.05, 1.0, shape), "window_align": draw(st.sampled_from(ALIGNMENTS)),
+               "causal": draw(st.sampled_from((None, None, "bottom_right", "top_left")))}
+    if draw(st.integers(0, 3)) == 0:
+        p["kv_lengths"] = rng.integers(1, lk + 1, size=b)
+        p["q_lengths"] = rng.integers(1, lq + 1, size=b)
+    return Case.build(q, k, v, dtype=dtype, seed=seed, **p)
+
+
+def alibi_as_bias(case: Case) -> Case:
+    """The case with its ALiBi slopes replaced by the explicit bias of ATTN-ALIBI-1 (added to any bias)."""
+    from attnconf.reference.attention import alibi_bias
+
+    s = case.shape
+    ali = alibi_bias((s["B"], s["Hq"], s["Lq"], s["Lk"]), case.alibi_slopes, case.window_align,
+                     case.q_lengths, case.kv_lengths)
+    return case.replace(alibi_slopes=None, bias=ali if case.bias is None else ali + case.bias)

@@ -26,6 +26,7 @@ class Grads(NamedTuple):
     dk: np.ndarray            # (B, Hkv, Lk, Dk)
     dv: np.ndarray            # (B, Hkv, Lk, Dv)
     dbias: np.ndarray | None  # the bias's own shape, None without a bias
+    dsinks: np.ndarray | None = None  # (Hq,), None without sinks (ATTN-SINK-4)
 
 
 def _pair_matmul(coef: np.ndarray, x: np.ndarray, vis: np.ndarray) -> np.ndarray:
@@ -67,7 +68,12 @@ def backward_arrays(q, k, v, dout, *, mask=None, bias=None, causal=None, scale=N
     `fwd` may pass an already computed `forward(...)` of the same inputs. `variants` are the other
     keywords of `forward` (window, alibi_slopes, sinks, ...): they change P, which `fwd` carries,
     not the formulas. A softcap multiplies dS by its derivative 1 - tanh^2(x / c) before it reaches
-    Q and K (the bias is added after the cap, so dBias is dS itself).
+    Q and K (the bias and ALiBi are added after the cap, so dBias is dS itself; ATTN-CAP-3).
+
+    A sink (ATTN-SINK-4) changes P (its rows sum to 1 - P_sink) but not the formulas: O is still
+    sum_j P[i,j] V[j], so dS = P (dP - D) with D = rowsum(dO * O). The sink's own gradient is
+    dsink[h] = -sum over (b, i) of P_sink[b,h,i] * D[b,h,i], with P_sink = exp(sink - lse): the
+    convention of flash-attention 4's `learnable_sink` (flash_attn/cute/flash_bwd_postprocess.py).
     """
     q, k, v, dout = (np.asarray(a, dtype=np.float64) for a in (q, k, v, dout))
     Hq, Hkv = q.shape[1], k.shape[1]
@@ -94,7 +100,13 @@ def backward_arrays(q, k, v, dout, *, mask=None, bias=None, causal=None, scale=N
         dk_full = s * _pair_matmul(np.swapaxes(dx, -1, -2), q, np.swapaxes(vis, -1, -2))
         dv_full = _pair_matmul(np.swapaxes(p, -1, -2), dout, np.swapaxes(vis, -1, -2))
     dbias = None if bias is None else reduce_to_shape(ds, np.shape(bias))
-    return Grads(dq, group_sum(dk_full, Hkv), group_sum(dv_full, Hkv), dbias)
+    dsinks = None
+    sinks = variants.get("sinks")
+    if sinks is not None:
+        with np.errstate(all="ignore"):
+            p_sink = np.exp(np.asarray(sinks, dtype=np.float64)[None, :, None] - fwd.lse)   # (B, Hq, Lq)
+        dsinks = -(p_sink * d[..., 0]).sum(axis=(0, 2))
+    return Grads(dq, group_sum(dk_full, Hkv), group_sum(dv_full, Hkv), dbias, dsinks)
 
 
 def backward(case: Case) -> Grads:

@@ -164,6 +164,8 @@ class Case:
             raise CaseError(f"softcap must be a finite number > 0; got {self.softcap}")
         if self.alibi_slopes is not None and self.alibi_slopes.shape not in ((Hq,), (B, Hq)):
             raise CaseError(f"alibi_slopes must have shape ({Hq},) or ({B}, {Hq}); got {self.alibi_slopes.shape}")
+        if self.alibi_slopes is not None and not np.isfinite(self.alibi_slopes).all():
+            raise CaseError("alibi_slopes must be finite")
         if self.sinks is not None and (self.sinks.shape != (Hq,) or not np.isfinite(self.sinks).all()):
             raise CaseError(f"sinks must be {Hq} finite logits, one per query head; got shape {self.sinks.shape}")
 
@@ -207,7 +209,9 @@ class Case:
                          ("gqa", s["Hkv"] != s["Hq"]), ("custom_scale", self.scale is not None),
                          ("dv_ne_dk", s["Dv"] != s["Dk"]), ("cross", s["Lq"] != s["Lk"]),
                          ("dropout", bool(self.dropout_p)), ("softcap", self.softcap is not None),
-                         ("alibi", self.alibi_slopes is not None), ("sinks", self.sinks is not None)):
+                         ("alibi", self.alibi_slopes is not None and self.window_align == "bottom_right"),
+                         ("alibi_top_left", self.alibi_slopes is not None and self.window_align == "top_left"),
+                         ("sinks", self.sinks is not None)):
             if on:
                 f.add(name)
         if self.causal is not None:
@@ -228,7 +232,7 @@ class Case:
         extra += f" dropout={self.dropout_p:g}" if self.dropout_p else ""
         extra += f" layout={self.layout}" if self.layout != "contiguous" else ""
         extra += f" softcap={self.softcap:g}" if self.softcap is not None else ""
-        extra += " alibi" if self.alibi_slopes is not None else ""
+        extra += f" alibi{list(self.alibi_slopes.shape)}@{self.window_align}" if self.alibi_slopes is not None else ""
         extra += " sinks" if self.sinks is not None else ""
         extra += "".join(f" {k}={v}" for k, v in sorted(self.packing.items()))
         return (f"B={s['B']} Hq={s['Hq']}{gqa} Lq={s['Lq']} Lk={s['Lk']} Dk={s['Dk']} Dv={s['Dv']} "
@@ -260,7 +264,9 @@ class Case:
              "seed": self.seed, "layout": self.layout, "regime": self.regime}
         # written only when used, so cases saved before these fields existed keep their digests
         if self.window is not None:
-            p.update(window=list(self.window), window_align=self.window_align)
+            p["window"] = list(self.window)
+        if self.window is not None or self.alibi_slopes is not None:
+            p["window_align"] = self.window_align   # ALiBi distances use the same alignment (ATTN-ALIBI-1)
         if self.softcap is not None:
             p["softcap"] = self.softcap
         if self.packing:

@@ -25,7 +25,7 @@ import itertools
 
 import numpy as np
 
-from .attention import expand_kv, oracle
+from .attention import alibi_bias, expand_kv, oracle
 from .case import Case, numpy_dtype
 
 SCALINGS = ("q", "logits", "sqrt")
@@ -89,7 +89,19 @@ def naive_softmax_parts(case: Case, scaling: str, acc: str, dtype: str):
     """(p, l, m) in float32: unnormalised exp(s - m) of the visible logits, its row sum, the row max.
 
     The logits are formed with the scale applied to Q, to the logits, or as sqrt(scale) on Q and K,
-    accumulated in `acc` order and rounded to `dtype`, as a naive implementation does.
+    accumulated in `acc` order and rounded to `dtype`, as a naive implementation does. The variants
+    of SPEC section 12.5 follow, each elementwise operation rounded to `dtype` as eager code at that
+    dtype rounds it:
+
+    - softcap: `c * tanh(s / c)`, three operations (divide, tanh, multiply), each rounded;
+    - ALiBi: the bias `-slope * |i + off - j|` (exact in float32 for the suite's lengths) rounded to
+      `dtype` and added like any bias, the sum rounded;
+    - the bias, as before; the window is visibility only (the oracle's `visible`);
+    - a sink: one more logit in the row (the `dtype`-rounded sink, already so in the Case) that joins
+      the row maximum and, as the last term of the sequential sum, the denominator, carrying no value.
+
+    With a softcap, the rounded tanh (float32) is cached under ("softcap_tanh", dtype, scaling, acc)
+    for the naive backward.
     """
     key = ("softmax_parts", dtype, scaling, acc)
     if key in case._cache:
@@ -109,13 +121,28 @@ def naive_softmax_parts(case: Case, scaling: str, acc: str, dtype: str):
         else:
             root = f32(np.sqrt(case.effective_scale))
             s = r(seq_matmul(r(q * root), np.swapaxes(r(k * root), -1, -2), acc))
+        if case.softcap is not None:
+            c = f32(case.softcap)
+            y = r(np.tanh(r(s / c)))
+            case._cache[("softcap_tanh", dtype, scaling, acc)] = y
+            s = r(c * y)
+        if case.alibi_slopes is not None:
+            ali = alibi_bias(s.shape, case.alibi_slopes, case.window_align, case.q_lengths, case.kv_lengths)
+            s = r(s + r(ali.astype(f32)))
         if case.bias is not None:
             s = r(s + np.broadcast_to(case.bias, s.shape).astype(f32))
         s = np.where(vis, s, -np.inf).astype(f32)
         m = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(s.shape[:-1] + (1,), -np.inf, f32)
+        if case.sinks is not None:
+            sink = case.sinks.astype(f32)[None, :, None, None]
+            m = np.maximum(m, sink).astype(f32)
         m = np.where(np.isneginf(m), f32(0), m).astype(f32)
         p = np.where(vis, np.exp(s - m), f32(0)).astype(f32)
-        l = np.cumsum(p, axis=-1, dtype=f32)[..., -1:] if p.shape[-1] else np.zeros(p.shape[:-1] + (1,), f32)
+        if case.sinks is not None:   # the sink is the row's last term: sequential sum over [p, exp(sink - m)]
+            p_sink = np.broadcast_to(np.exp(sink - m), p.shape[:-1] + (1,)).astype(f32)
+            l = np.cumsum(np.concatenate([p, p_sink], axis=-1), axis=-1, dtype=f32)[..., -1:]
+        else:
+            l = np.cumsum(p, axis=-1, dtype=f32)[..., -1:] if p.shape[-1] else np.zeros(p.shape[:-1] + (1,), f32)
     case._cache[key] = (p, l, m)
     return p, l, m
 

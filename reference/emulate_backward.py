@@ -12,6 +12,13 @@ The softmax backward uses rowsum(P * dP) as autograd's softmax rule does (it nev
 sees O). For float32 every stage runs in float32. GQA sums over each group are part
 of the same float32 accumulation as the product that produces them.
 
+The variants of SPEC section 12.5: ALiBi and the window change P only. A softcap
+`c * tanh(x / c)` is differentiated the way autograd at t does it, one rounding per
+operation: `dX = ((dS * c) * (1 - y^2)) / c` with y the forward's rounded tanh. A sink
+is the last column of the naive softmax with no value, so dP there is 0 and its
+gradient is `dsink[h] = -sum_(b, i) P_sink * rowsum(P * dP)`, summed sequentially in
+float32 and rounded to t.
+
 As for the forward, the yardstick is an envelope: the weights P come from each of the
 forward's orderings (scale on Q, on the logits, or sqrt(scale) on both; products
 accumulated ascending, descending or by BLAS), the backward products accumulate in the
@@ -25,7 +32,7 @@ import numpy as np
 
 import itertools
 
-from .attention import expand_kv, visibility
+from .attention import expand_kv, oracle
 from .backward import backward, reduce_to_shape
 from .case import Case
 from .emulate import ACCUMULATIONS, SCALINGS, _rounder, naive_softmax_parts, seq_matmul
@@ -60,20 +67,29 @@ def naive_backward(case: Case, dtype: str | None = None,
         v = expand_kv(case.v, Hq).astype(f32)
         k, v = np.where(np.isfinite(k), k, f32(0)), np.where(np.isfinite(v), v, f32(0))
         do = r(case.grad_out.astype(f32))
-        vis = visibility((B, Hq, Lq, Lk), mask=case.mask, bias=case.bias, causal=case.causal,
-                         q_lengths=case.q_lengths, kv_lengths=case.kv_lengths)
-        p, l, _ = naive_softmax_parts(case, scaling, acc, dtype)
+        vis = oracle(case).visible
+        p, l, m = naive_softmax_parts(case, scaling, acc, dtype)
         w = r(np.where(l > 0, p / np.where(l > 0, l, f32(1)), f32(0)).astype(f32))
 
         dv = r(group_sum(seq_matmul(np.swapaxes(w, -1, -2), do, acc)))
         dp = r(seq_matmul(do, np.swapaxes(v, -1, -2), acc))
         rowdot = (w * dp).sum(axis=-1, keepdims=True, dtype=f32)
         ds = r(np.where(vis, w * (dp - rowdot), f32(0)).astype(f32))
-        dq = r(r(seq_matmul(ds, k, acc)) * scale)
-        dk = r(group_sum(seq_matmul(np.swapaxes(ds, -1, -2), qs, acc)))
+        dx = ds
+        if case.softcap is not None:
+            c = f32(case.softcap)
+            y = case._cache[("softcap_tanh", dtype, scaling, acc)]
+            dx = r(np.where(vis, r(r(ds * c) * (f32(1) - y * y)) / c, f32(0)).astype(f32))
+        dq = r(r(seq_matmul(dx, k, acc)) * scale)
+        dk = r(group_sum(seq_matmul(np.swapaxes(dx, -1, -2), qs, acc)))
         grads = {"dq": dq, "dk": dk, "dv": dv}
         if case.bias is not None:
             grads["dbias"] = r(reduce_to_shape(ds, np.shape(case.bias)).astype(f32))
+        if case.sinks is not None:
+            sink = case.sinks.astype(f32)[None, :, None]
+            p_sink = r(np.exp(sink - m[..., 0]) / np.where(l[..., 0] > 0, l[..., 0], f32(1)))     # (B, Hq, Lq)
+            terms = np.moveaxis(-(p_sink * rowdot[..., 0]), 1, -1).reshape(-1, Hq).astype(f32)
+            grads["dsinks"] = r(np.cumsum(terms, axis=0, dtype=f32)[-1] if len(terms) else np.zeros(Hq, f32))
     result = {name: g.astype(np.float64) for name, g in grads.items()}
     case._cache[key] = result
     return result
