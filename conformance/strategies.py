@@ -494,7 +494,7 @@ def dropout_cases(draw, *, dtypes: tuple[str, ...] = ("float32", "float64"),
 
 # ---- variant strategies (sliding window, softcap, ALiBi, sinks, decode, lse) ----
 # Appended by the reference/variants helper. Each takes `dtypes=` and draws the dtype with
-# `sampled_from(dtypes)` (through `cases`, or directly), so a kernel's declared dtypes restrict them.
+# `dtype_choice(dtypes)` (through `cases`, or directly): the cell's dtype, inside the declared scope.
 
 ALIGNMENTS = ("bottom_right", "top_left")
 
@@ -642,7 +642,7 @@ def decode_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, lengths: tuple[int, 
         else:
             d //= 2
     s = {"B": b, "Hq": hkv * group, "Hkv": hkv, "Lq": 1, "Lk": lk, "Dk": d, "Dv": d}
-    dtype = draw(st.sampled_from(dtypes))
+    dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     q, k, v = values(rng, s, draw(st.sampled_from(("ordinary", "ordinary", "large", "near_ties"))), dtype)
@@ -695,7 +695,7 @@ def window_probe_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, max_len: int =
     lk = draw(st.sampled_from([n for n in SMALL_LENGTHS if 2 <= n <= max_len]))
     lq = draw(st.sampled_from([n for n in SMALL_LENGTHS if n <= max_len])) if draw(st.booleans()) else lk
     hkv, group, b = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2)))
-    dtype = draw(st.sampled_from(dtypes))
+    dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     q = np.zeros((b, hkv * group, lq, lk))
@@ -738,7 +738,7 @@ def softcap_probe_cases(draw, *, dtypes: tuple[str, ...] = DTYPES) -> Case:
     lk = draw(st.sampled_from((4, 5, 8, 11, 16, 17, 32)))
     lq = draw(st.sampled_from((1, 3, 8, 16)))
     b, hq = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
-    dtype = draw(st.sampled_from(dtypes))
+    dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     mag = draw(st.sampled_from((30.0, 300.0, 1000.0)))
@@ -757,7 +757,7 @@ def alibi_probe_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, max_len: int = 
     lk = draw(st.sampled_from([n for n in SMALL_LENGTHS if 3 <= n <= max_len]))
     lq = draw(st.sampled_from([n for n in SMALL_LENGTHS if n <= max_len])) if draw(st.booleans()) else lk
     b, hq = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
-    dtype = draw(st.sampled_from(dtypes))
+    dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     shape = draw(st.sampled_from(((hq,), (b, hq))))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import SESSION, clauses, expect_close, for_cases, judge, run
+from attnconf.conformance.harness import clauses, expect_close, for_cases, judge, run
 from attnconf.conformance.tolerance import judge_lse
 from attnconf.reference import Case
 
@@ -41,7 +41,7 @@ LONG_DECODE = (8192, 16384, 32768)
 @pytest.mark.parametrize("length", LONG_DECODE)
 def test_decode_long(impl, length):
     """--long: Lq = 1 against 8192, 16384 and 32768 keys, every variant on, in each dtype the kernel runs."""
-    if not SESSION.long:
+    if not impl.session.long:
         pytest.skip("long-sequence mode is off (run with --long)")
     rng = np.random.default_rng(length)
     d, hq = 64, 4
