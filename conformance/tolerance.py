@@ -125,8 +125,17 @@ def judge_arrays(actual: np.ndarray, ref: np.ndarray, base_err: np.ndarray, dtyp
     return j
 
 
+def _float64_terms(case: Case) -> tuple[int, int]:
+    """(the multiplier of A_i, the constant) of ATTN-TOL-4's bracket: (Dk + 2, 2 Lk + 4), with a softcap's
+    four roundings (Dk + 6) and a sink's extra denominator term (2 (Lk + 1) + 4) (SPEC §12.5)."""
+    s = case.shape
+    return (s["Dk"] + (6 if case.softcap is not None else 2),
+            2 * (s["Lk"] + (1 if case.sinks is not None else 0)) + 4)
+
+
 def _logit_magnitude(case: Case) -> tuple[np.ndarray, np.ndarray]:
-    """Per query row: A_i = max visible |scale| sum_d |q k| + |bias| and Vmax_i (ATTN-TOL-4)."""
+    """Per query row: A_i = max visible |scale| sum_d |q k| + |bias| (ALiBi included; at least |sink|)
+    and Vmax_i (ATTN-TOL-4)."""
     cached = case._cache.get("tol64")
     if cached is not None:
         return cached
@@ -135,7 +144,14 @@ def _logit_magnitude(case: Case) -> tuple[np.ndarray, np.ndarray]:
     mag = abs(case.effective_scale) * np.einsum("bhid,bhjd->bhij", np.abs(case.q), np.abs(expand_kv(case.k, hq)))
     if case.bias is not None:
         mag = mag + np.abs(np.where(np.isneginf(case.bias), 0.0, case.bias))
+    if case.alibi_slopes is not None:       # ALiBi is a bias (SPEC §12.5)
+        from attnconf.reference.attention import alibi_bias
+
+        mag = mag + np.abs(alibi_bias(mag.shape, case.alibi_slopes, case.window_align, case.q_lengths,
+                                      case.kv_lengths))
     a = np.where(f.visible, mag, 0.0).max(axis=-1, initial=0.0)
+    if case.sinks is not None:              # exp(sink - m) is formed from the sink's distance to the maximum
+        a = np.maximum(a, np.abs(case.sinks)[None, :, None])
     vabs = np.abs(expand_kv(case.v, hq)).max(axis=-1)                 # (B, H, Lk)
     vmax = np.where(f.visible, vabs[:, :, None, :], 0.0).max(axis=-1, initial=0.0)
     case._cache["tol64"] = (a, vmax)
@@ -155,7 +171,8 @@ def judge_float64(actual: np.ndarray, case: Case, *, quantity: str = "out", mask
     gamma = spec.tolerances()["float64"]["gamma"]
     a, vmax = _logit_magnitude(case)
     s = case.shape
-    bound = factor * gamma * EPS64 * vmax * ((s["Dk"] + 2) * a + 2 * s["Lk"] + 4)      # (B, H, Lq)
+    ka, kc = _float64_terms(case)
+    bound = factor * gamma * EPS64 * vmax * (ka * a + kc)      # (B, H, Lq)
     with np.errstate(invalid="ignore"):
         err = np.abs(np.where(finite, actual - np.where(finite, ref, 0.0), 0.0))
     row_err = err.max(axis=-1, initial=0.0)
@@ -217,7 +234,8 @@ def judge_lse(actual: np.ndarray, case: Case, *, mask: np.ndarray | None = None,
     if case.dtype == "float64":
         a, _ = _logit_magnitude(case)
         gamma = spec.tolerances()["float64"]["gamma"]
-        bound = factor * gamma * EPS64 * ((case.shape["Dk"] + 2) * a + np.abs(ref_f) + 2 * case.shape["Lk"] + 4)
+        ka, kc = _float64_terms(case)
+        bound = factor * gamma * EPS64 * (ka * a + np.abs(ref_f) + kc)
         err = np.abs(act_f - ref_f)
         ratio = float((err / np.maximum(bound, 1e-300)).max(initial=0))
         j = Judgement(bool((err <= bound).all()), "lse", "float64", float(err.max(initial=0)), float(err.mean()),
@@ -267,7 +285,8 @@ def _gradient_bounds64(case: Case) -> dict[str, np.ndarray]:
     """Elementwise float64 bounds: gamma eps64 K |X|_abs, with |X|_abs the backward recomputed on magnitudes."""
     a, _ = _logit_magnitude(case)
     s = case.shape
-    k = (s["Dk"] + 2) * float(a.max(initial=0)) + 2 * s["Lk"] + s["Dv"] + 4
+    ka, kc = _float64_terms(case)
+    k = ka * float(a.max(initial=0)) + kc + s["Dv"]
     gamma = spec.tolerances()["float64"]["gamma"]
     return {n: gamma * EPS64 * k * m for n, m in gradient_magnitudes(case).items()}
 
