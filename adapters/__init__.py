@@ -19,9 +19,11 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("attnconf.adapters.torch", "torch"),
     "jax": ("attnconf.adapters.jax", "jax"),
     "tensorflow": ("attnconf.adapters.tensorflow", "tensorflow"),
+    "tinygrad": ("attnconf.adapters.tinygrad", "tinygrad"),
 }
 INSTALL_HINTS = {"numpy": "pip install numpy ml_dtypes", "torch": "pip install torch==2.13.0",
-                 "jax": "pip install 'jax[cpu]' flax", "tensorflow": "pip install tensorflow-cpu"}
+                 "jax": "pip install 'jax[cpu]' flax", "tensorflow": "pip install tensorflow-cpu",
+                 "tinygrad": "pip install tinygrad (its CPU device also needs clang: apt-get install clang)"}
 
 
 class UsageError(Exception):
