@@ -238,12 +238,12 @@ class SdpaAdapter(Adapter):
         if case.layout == "broadcast_kv" and not _equal_over_batch(case):
             return "layout broadcast_kv needs K and V equal across the batch"
         c = self.q_factor(case)
-        if c is not None:
+        if c is not None and case.dtype != "float64":
             with np.errstate(over="ignore", invalid="ignore"):
-                scaled = round_to(case.q * c, case.dtype)
-            if not np.isfinite(scaled).all():
-                return (f"tinygrad has no scale argument; Q * scale * sqrt(Dk) = Q * {c:.4g} overflows {case.dtype} "
-                        f"(the adapter's pre-scaling, not tinygrad's arithmetic)")
+                exact = np.array_equal(round_to(case.q * c, case.dtype), case.q * c)
+            if not exact:
+                return (f"tinygrad has no scale argument and Q * scale * sqrt(Dk) = Q * {c:.6g} is not exact in "
+                        f"{case.dtype}: that rounding is the adapter's, and measured up to 16x the baseline error")
         return True
 
     @staticmethod
