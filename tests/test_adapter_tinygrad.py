@@ -284,3 +284,21 @@ def test_finding_reproduction_runs():
         pytest.skip(proc.stdout.strip().splitlines()[-1])
     assert proc.stdout.strip().splitlines()[-1].startswith("REPRODUCED: ")
 
+
+
+def _explicit_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """A third-party tinygrad kernel in the SDPA convention (scale handled by pre-scaling Q)."""
+    d = query.shape[-1]
+    if scale is not None:
+        query = query * (scale * math.sqrt(d))
+    return query.scaled_dot_product_attention(key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                              is_causal=is_causal, enable_gqa=enable_gqa)
+
+
+def test_kernel_adapter_wraps_a_tinygrad_function(impl):
+    a = tga.kernel_adapter(_explicit_sdpa, "cpu", "tinygrad:kernel:test")
+    assert a.dtypes == impl.dtypes
+    case = make(mask=rows_kept(5, 7), Hkv=2, dtype="float32")
+    res = a.run(case)
+    assert res.out_dtype == "float32"
+    assert judge_output(res.out, case).ok
