@@ -17,6 +17,13 @@ setup: $(STAMP)
 $(STAMP): $(LOCK)
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q -r $(LOCK)
+	@# tinygrad's CPU device compiles its kernels with clang: install it where we may (root with apt-get);
+	@# otherwise `pytest conformance --backend=tinygrad` says in one line that clang is missing.
+	@command -v $${CC:-clang} >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null) \
+	      || echo "attnconf: apt-get could not install clang; the tinygrad backend will not run"; \
+	  else echo "attnconf: clang not found (install it: apt-get install clang); the tinygrad backend will not run"; fi; }
 	touch $(STAMP)
 
 # Resolve every requirement (pyproject's dependencies and all extras, tools/requirements.py) in a

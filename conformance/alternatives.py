@@ -91,6 +91,19 @@ def _nan(entry, case, res, masks) -> Verdict:
     return Verdict(True)
 
 
+@alternative("nan_or_zero", ("out",))
+def _nan_or_zero(entry, case, res, masks) -> Verdict:
+    """Each covered row is entirely NaN or entirely exactly 0."""
+    out = np.asarray(res.out)
+    rows = masks["out"].any(axis=-1)
+    good = np.isnan(out).all(axis=-1) | (out == 0).all(axis=-1)
+    bad = rows & ~good
+    if bad.any():
+        idx = _first(bad)
+        return Verdict(False, f"out row {idx}: neither all NaN nor all 0: {out[idx][:4]}")
+    return Verdict(True)
+
+
 @alternative("non_finite", ("out", "lse"))
 def _non_finite(entry, case, res, masks) -> Verdict:
     for q in ("out", "lse"):

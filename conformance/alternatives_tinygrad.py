@@ -1,0 +1,54 @@
+"""Alternatives (`instead`) for spec/divergences/tinygrad.toml that the README's vocabulary lacks.
+
+Each function takes a Case and returns the expected values per quantity, as float64 arrays of the
+quantity's shape. Convention: a NaN in an expected array means "this element must be NaN"; a finite
+value is judged against the actual one by the normal tolerance model (it is the reference value).
+
+Measured with tinygrad 0.14.0, CPU device, clang renderer (Debian clang 14.0.6).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from attnconf.reference import Case
+from attnconf.reference.backward import backward, reduce_to_shape
+
+from .regions_tinygrad import nan_rows
+
+
+def nan_rows_poison_gradients(case: Case) -> dict[str, np.ndarray]:
+    """Gradients when some rows of P are NaN (fully-masked rows, float16 logits that overflow).
+
+    tinygrad back-propagates through its plain softmax, so a NaN row i of P (batch b, query head h)
+    gives: dQ[b, h, i, :] = NaN; dBias NaN over the whole row i (every key, masked ones included:
+    dS = P * (dP - D) is NaN there), summed over the bias's broadcast axes like dBias itself;
+    and, through dV = P^T dO and dK = s dS^T Q, NaN in every row of dK and dV of key/value head
+    g(h) = h // (Hq / Hkv) of batch b. Every other element is the reference gradient.
+
+    Measured (tinygrad 0.14.0, float32, B=2 Hq=4 Hkv=2 Lq=5 Lk=6, row (1, 2, 3) masked): dq NaN only
+    in that row (8 of 320 elements), dk and dv NaN in exactly the 48 elements of head (1, 1), dbias
+    (1, 4, 5, 6) NaN in the 6 elements of row (0, 2, 3); all other elements finite.
+    """
+    ref = backward(case)
+    bad = nan_rows(case)                                        # (B, Hq, Lq)
+    s = case.shape
+    group = s["Hq"] // s["Hkv"]
+    dq = np.where(bad[..., None], np.nan, ref.dq)
+    heads = bad.any(axis=-1).reshape(s["B"], s["Hkv"], group).any(axis=-1)   # (B, Hkv)
+    dk = np.where(heads[:, :, None, None], np.nan, ref.dk)
+    dv = np.where(heads[:, :, None, None], np.nan, ref.dv)
+    out = {"dq": dq, "dk": dk, "dv": dv}
+    if case.bias is not None and ref.dbias is not None:
+        full = np.broadcast_to(bad[..., None], (s["B"], s["Hq"], s["Lq"], s["Lk"])).astype(np.float64)
+        poisoned = reduce_to_shape(full, case.bias.shape) > 0
+        out["dbias"] = np.where(poisoned, np.nan, ref.dbias)
+    return out
+
+
+def nan_rows_output(case: Case) -> dict[str, np.ndarray]:
+    """The forward output with tinygrad's NaN rows (the README's `nan` alternative, restricted to
+    `nan_rows`): NaN on those rows, the reference elsewhere. Provided for completeness; the
+    forward entries use the vocabulary's `nan` with a row region."""
+    from attnconf.reference import oracle  # noqa: PLC0415
+
+    return {"out": np.where(nan_rows(case)[..., None], np.nan, oracle(case).out)}

@@ -1,0 +1,25 @@
+"""Witness cases for spec/divergences/tinygrad.toml (the lead imports this module).
+
+Measured with tinygrad 0.14.0, CPU device, clang renderer (Debian clang 14.0.6).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from attnconf.reference import Case
+
+from .witnesses import witness
+
+
+@witness
+def float16_scaled_logit_overflow() -> Case:
+    """float16, Dk = 16, default scale 1/4: row 0's logit for key 0 is 16 * 130^2 / 4 = 67600, above
+    float16's range, while every input (130) and every other logit is an ordinary float16 value.
+    Measured: row 0 of the output is NaN; rows 1 and 2 match the reference (max error 3.4e-4)."""
+    rng = np.random.default_rng(21)
+    q = rng.normal(size=(1, 1, 3, 16))
+    k = rng.normal(size=(1, 1, 5, 16))
+    v = rng.normal(size=(1, 1, 5, 16))
+    q[0, 0, 0, :] = 130.0
+    k[0, 0, 0, :] = 130.0
+    return Case.build(q, k, v, dtype="float16")
