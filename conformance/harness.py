@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pytest
 from hypothesis import example, given, reject
+from hypothesis.errors import Unsatisfiable
 from hypothesis import seed as hseed
 from hypothesis import settings as hsettings
 
@@ -226,7 +227,7 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             n = max(MIN_CELL_EXAMPLES, round(hsettings.default.max_examples * weight
                                              * getattr(subject.adapter, "example_budget", 1.0) / share))
 
-            h = given(case=strategy)(cell_body(fn, subject, dtype, budget=2 * n))
+            h = given(case=strategy)(cell_body(fn, subject, dtype))
             for ex in pinned:
                 if dtype is None or ex.dtype == dtype:
                     h = example(case=ex)(h)
@@ -234,7 +235,13 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             if session.seed is not None:
                 h = hseed(session.seed)(h)
             with strategies_module.cell(dtype, scope_of(subject.adapter)):
-                return h()
+                try:
+                    return h()
+                except Unsatisfiable:
+                    if rec.checked:        # some examples were judged: Hypothesis ran out of valid draws
+                        return None
+                    pytest.skip(f"unsupported: no case of this cell could be run "
+                                f"({'; '.join(sorted(rec.unsupported_reasons)) or 'nothing to judge'})")
 
         params = (fixture, "dtype") if dtypes is not None else (fixture,)
         test.__signature__ = inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -249,11 +256,11 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
     return decorate
 
 
-def cell_body(fn: Callable, subject: Subject, dtype: str | None, *, budget: int) -> Callable:
+def cell_body(fn: Callable, subject: Subject, dtype: str | None) -> Callable:
     """The function Hypothesis runs for one (test, implementation, dtype) cell. Its database key is the
     test's plus the implementation and dtype, so a failure saved by one cell replays in that cell only."""
     def inner(case):
-        return _one_example(fn, subject, case, budget=budget)
+        return _one_example(fn, subject, case)
 
     inner._hypothesis_internal_add_digest = database_key(fn, subject.name, dtype)
     return inner
@@ -263,18 +270,19 @@ def database_key(fn: Callable, implementation: str, dtype: str | None) -> bytes:
     return f"{fn.__module__}.{fn.__qualname__}|{implementation}|{dtype}".encode()
 
 
-def _one_example(fn, subject: Subject, case, *, generated: bool = True, budget: int = 0) -> None:
+def _one_example(fn, subject: Subject, case, *, generated: bool = True) -> None:
     rec = subject.record
     rec.begin_example(case)
     try:
         fn(subject, case)
     finally:
         judged = rec.end_example()
-    if generated and not judged and rec.rejected < budget and (rec.checked or not rec.unsupported):
+    if generated and not judged:
         # Nothing was judged (the property had nothing to compare on this case, the implementation
-        # refused it although it runs others of this cell, or the call raised as a divergence declares):
-        # let Hypothesis draw another, so each cell gets its examples' worth of evidence (the coverage
-        # floor). A cell whose first examples are all out of scope is not retried: it is unsupported.
+        # refused it, or the call raised as a divergence declares): let Hypothesis draw another, so each
+        # cell gets its examples' worth of evidence (the coverage floor). This depends on the case alone,
+        # so a replayed example behaves the same; a cell where nothing can be judged ends Unsatisfiable,
+        # which for_cases records as unsupported.
         rec.rejected += 1
         reject()
 

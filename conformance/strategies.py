@@ -184,7 +184,7 @@ def mask_params(draw, rng: np.random.Generator, s: dict[str, int], *, causal: bo
         if allows("q_lengths") and draw(st.booleans()):
             p["q_lengths"] = rng.integers(0 if empty_rows else 1, lq + 1, size=b)
         if _limit("kv_covers_q"):
-            p["kv_lengths"] = np.maximum(p["kv_lengths"], p.get("q_lengths", np.full(b, lq)))
+            p["kv_lengths"] = np.minimum(np.maximum(p["kv_lengths"], p.get("q_lengths", np.full(b, lq))), lk)
     return p
 
 

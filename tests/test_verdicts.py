@@ -184,7 +184,7 @@ def test_each_cell_has_its_own_hypothesis_database_key():
         def __init__(self, name):
             self.name = name
 
-    bodies = [harness.cell_body(fn, Fake(impl), dtype, budget=0)
+    bodies = [harness.cell_body(fn, Fake(impl), dtype)
               for fn in (test_output_matches_reference, test_lse_matches_reference)
               for impl in ("a:x", "a:y") for dtype in ("float32", "float16")]
     assert len({function_digest(b) for b in bodies}) == len(bodies) == 8
