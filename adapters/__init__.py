@@ -10,7 +10,8 @@ import importlib
 import importlib.util
 from typing import Any
 
-from .base import CAPABILITIES, Adapter, KernelError, Result
+from . import conventions, scope
+from .base import CAPABILITIES, Adapter, ConventionViolation, KernelError, NotSupported, Result
 from .callable import CallableAdapter, check_sdpa_signature
 
 # backend name -> (adapter module, framework import name)
@@ -20,6 +21,8 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "jax": ("attnconf.adapters.jax", "jax"),
     "tensorflow": ("attnconf.adapters.tensorflow", "tensorflow"),
 }
+# the calling convention a --kernel takes when --convention is not given
+NATIVE_CONVENTION = {"numpy": "sdpa", "torch": "sdpa", "jax": "jax", "tensorflow": "sdpa"}
 INSTALL_HINTS = {"numpy": "pip install numpy ml_dtypes", "torch": "pip install torch==2.13.0",
                  "jax": "pip install 'jax[cpu]' flax", "tensorflow": "pip install tensorflow-cpu"}
 
@@ -74,19 +77,39 @@ def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
          convention: str | None = None, capabilities: str | None = None) -> list[Adapter]:
     """The adapters to test for this invocation (raises UsageError on any mistake).
 
-    `convention` names how a --kernel is called; `capabilities` is a TOML file declaring its scope.
+    `convention` names how a --kernel is called (default: the backend's own, `sdpa` for torch and
+    numpy, `jax` for JAX; torch also takes the conventions of `adapters.conventions`);
+    `capabilities` is a TOML file declaring the kernel's scope, as its `attnconf_capabilities`
+    attribute would (adapters/scope.py).
     """
     module = backend_module(backend)
     options = options or {}
     if (convention or capabilities) and kernel is None:
         raise UsageError("--convention and --capabilities describe a --kernel; give --kernel=MODULE:ATTR too")
-    if convention not in (None, "sdpa", "jax"):
-        raise UsageError(f"unknown --convention {convention!r}")
+    native = NATIVE_CONVENTION.get(backend, "sdpa")
+    known = (native,) + (conventions.NAMES if backend == "torch" else ())
+    if convention is not None and convention not in known:
+        raise UsageError(f"unknown --convention {convention!r} for backend {backend!r}; choose from: {', '.join(known)}")
     if device not in module.DEVICES:
         raise UsageError(f"unknown device {device!r} for backend {backend!r}; choose from {', '.join(module.DEVICES)}")
     if kernel is not None:
-        fn = resolve_kernel(kernel, getattr(module, "check_kernel_signature", check_sdpa_signature))
-        return [module.kernel_adapter(fn, device, f"{backend}:kernel:{kernel}")]
+        if convention in (None, native):
+            fn = resolve_kernel(kernel, getattr(module, "check_kernel_signature", check_sdpa_signature))
+            adapter = module.kernel_adapter(fn, device, f"{backend}:kernel:{kernel}")
+            adapter.convention = native
+            expressible = None
+        else:
+            conv = conventions.get(convention)
+            fn = resolve_kernel(kernel, conv.check_signature)
+            from .conventions.common import ConventionAdapter
+
+            adapter = ConventionAdapter(fn, conv, device, f"{backend}:{convention}:{kernel}")
+            expressible = conv.features
+        try:
+            scope.declare(adapter, fn, capabilities, expressible=expressible)
+        except scope.ScopeError as exc:
+            raise UsageError(f"--kernel {kernel}: declared scope: {exc}") from None
+        return [adapter]
     adapters = module.implementations(device, options)
     if impl is not None:
         wanted = {w.strip() for w in impl.split(",")}
@@ -101,5 +124,6 @@ def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
     return adapters
 
 
-__all__ = ["Adapter", "BACKENDS", "CAPABILITIES", "CallableAdapter", "KernelError", "Result", "UsageError",
+__all__ = ["Adapter", "BACKENDS", "CAPABILITIES", "CallableAdapter", "ConventionViolation", "KernelError",
+           "NotSupported", "Result", "UsageError",
            "available_backends", "load", "resolve_kernel"]

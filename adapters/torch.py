@@ -14,7 +14,7 @@ import torch
 
 from attnconf.reference import Case
 
-from .base import Adapter, KernelError, Result
+from .base import Adapter, KernelError, NotSupported, Result
 from .callable import FULL_SDPA, CallableAdapter
 from .torch_convert import device_info, dtype_name, set_precision, to_numpy, to_tensor
 from .torch_flex import FlexAdapter
@@ -60,6 +60,8 @@ class TorchKernelAdapter(CallableAdapter):
             try:
                 gs = torch.autograd.grad(ret, list(args), to_tensor(case.grad_out, case.dtype, self.device),
                                          allow_unused=True)
+            except NotImplementedError as exc:
+                raise NotSupported(f"{self.name} backward raised NotImplementedError: {_clean(str(exc))}") from None
             except Exception as exc:
                 raise KernelError(f"kernel backward raised {type(exc).__name__}: {_clean(str(exc))}") from exc
             if any(g is None for g in gs):
