@@ -16,7 +16,7 @@ from attnconf.reference import Case
 
 from .base import Adapter, KernelError, NotSupported, Result
 from .callable import FULL_SDPA, CallableAdapter
-from .torch_convert import device_info, dtype_name, set_precision, to_numpy, to_tensor
+from .torch_convert import device_info, dtype_name, limit_threads, set_precision, to_numpy, to_tensor
 from .torch_flex import FlexAdapter
 from .torch_layer import MhaAdapter
 from .torch_sdpa import SDPA_ADAPTERS, ForcedPathUnavailable, SdpaAdapter, _clean
@@ -74,6 +74,7 @@ class TorchKernelAdapter(CallableAdapter):
 
 
 def kernel_adapter(fn: Callable[..., Any], device: str, name: str) -> Adapter:
+    limit_threads()
     return TorchKernelAdapter(fn, device, name)
 
 

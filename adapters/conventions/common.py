@@ -34,7 +34,7 @@ import torch
 from attnconf.reference import Case
 
 from ..base import Adapter, ConventionViolation, KernelError, NotSupported, Result
-from ..torch_convert import device_info, dtype_name, to_numpy, to_tensor
+from ..torch_convert import device_info, dtype_name, limit_threads, to_numpy, to_tensor
 
 ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
@@ -136,6 +136,7 @@ class ConventionAdapter(Adapter):
         self.capabilities = conv.default
         self.max_head_dim = conv.max_head_dim
         self.scope_source = f"full {conv.name} convention (no declaration)"
+        limit_threads()
 
     # -- scope --------------------------------------------------------------------------
     def requirements(self, case: Case) -> set[str]:  # type: ignore[override]
