@@ -235,6 +235,8 @@ class ConventionAdapter(Adapter):
     def backward(self, out: torch.Tensor, leaves: dict[str, torch.Tensor], grad_out: torch.Tensor) -> dict[str, np.ndarray]:
         """dq, dk, dv of sum(grad_out * out) through the kernel's autograd graph."""
         if not out.requires_grad:
+            if bool((out == 0).all()):   # an output that is identically 0 (no row sees a key) may carry no graph
+                return {n: np.zeros(tuple(t.shape)) for n, t in leaves.items()}
             raise KernelError("kernel output has no autograd graph (a forward-only kernel: declare \"grads\": false)")
         try:
             gs = torch.autograd.grad(out, list(leaves.values()), grad_out, allow_unused=True)

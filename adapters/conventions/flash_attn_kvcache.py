@@ -75,7 +75,7 @@ def representation(case: Case, caps: frozenset[str]) -> Representation:
     p = case.packing
     rng = np.random.default_rng([case.seed, 23])
     _, kl = lengths(case)
-    most = int(kl.min(initial=0))
+    most = (int(kl.min()) if kl.size else 0)
     page = p.get("page_size")
     if page is None:
         page = int(rng.choice(PAGE_SIZES)) if "paged" in caps and rng.random() < 0.6 else 0
@@ -111,8 +111,8 @@ def build_cache(case: Case, rep: Representation) -> Cache:
     B, hkv, dk, dv, lq = s["B"], s["Hkv"], s["Dk"], s["Dv"], s["Lq"]
     _, kl = lengths(case)
     n = rep.new_keys
-    if n > int(kl.min(initial=0)):
-        raise ValueError(f"packing new_keys={n} exceeds the shortest sequence's {int(kl.min(initial=0))} keys")
+    if n > (int(kl.min()) if kl.size else 0):
+        raise ValueError(f"packing new_keys={n} exceeds the shortest sequence's {(int(kl.min()) if kl.size else 0)} keys")
     seqlens = (kl - n).astype(np.int32)
     capacity = max(int(kl.max(initial=0)), lq, 1) + rep.spare_slots
     rng = np.random.default_rng([case.seed, rep.block_seed, 29])
@@ -165,6 +165,13 @@ def round_like(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 class FlashAttnKVCache(Convention):
+    def expressible(self, case: Case):
+        _, kl = lengths(case)
+        new = case.packing.get("new_keys") or 0
+        if kl.size and new > int(kl.min()):
+            return f"packing new_keys={new} exceeds the shortest sequence's {int(kl.min())} keys"
+        return super().expressible(case)
+
     def requirements(self, case: Case) -> set[str]:
         f = bottom_right_requirements(case)
         if case.packing.get("page_size"):
