@@ -104,7 +104,7 @@ class FlashInferPrefill(Convention):
                 vis = vis & (j <= i)
             if r > 0:
                 vis = vis & (j <= i + r)
-            custom = torch.from_numpy(np.ascontiguousarray(vis)).to(ad.device)
+            custom = torch.from_numpy(np.array(vis, dtype=bool)).to(ad.device)
             causal = False
         return dict(q=q, k=k, v=v, custom_mask=custom, causal=causal, kv_layout=layout, pos_encoding_mode="NONE",
                     sm_scale=None if case.scale is None else float(case.scale),

@@ -83,7 +83,9 @@ def scores(q, k, scale, cap, slopes, vis, offset, st: "Stages") -> torch.Tensor:
 
 
 def masked_softmax(s: torch.Tensor, vis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights, natural-log lse): rows with no visible key get weight 0 and lse -inf."""
+    """(weights, natural-log lse): rows with no visible key get weight 0 and lse -inf. Like a fused
+    kernel, it knows the mask only through the -inf scores (`vis` is not consulted)."""
+    vis = ~torch.isneginf(s)
     m = s.amax(dim=-1, keepdim=True).detach() if s.shape[-1] else torch.full((*s.shape[:-1], 1), -math.inf,
                                                                             dtype=s.dtype, device=s.device)
     m = torch.where(torch.isneginf(m), 0.0, m)
@@ -124,7 +126,8 @@ class Stages:
     flash_lse: Callable = flash_empty_lse
     flashinfer_lse: Callable = natural_to_base2
     offset: Callable = lambda lq, lk, max_lq, max_lk: lk - lq      # noqa: E731 (bottom-right, per sequence)
-    keys_read: Callable = lambda n: n                               # noqa: E731 (how many cached keys are read)
+    keys_read: Callable = lambda total, new: total                  # noqa: E731 (how many cached keys are read)
+    key_span: Callable = lambda cu, i, max_k: (cu[i], cu[i + 1])    # noqa: E731 (a packed sequence's keys)
     append_at: Callable = lambda seqlen: seqlen                     # noqa: E731 (where new keys are written)
     block_of: Callable = lambda table, b, t, page: table[b, t // page]  # noqa: E731 (physical block of slot t)
 
@@ -227,8 +230,9 @@ def make_flash_attn_varlen_func(st: Stages = STAGES, name: str = "flash_attn_var
         outs, lses = [], []
         for i in range(len(cq) - 1):
             qs = q[cq[i]:cq[i + 1]].transpose(0, 1).to(t)
-            ks = k[ck[i]:ck[i + 1]].transpose(0, 1).to(t)
-            vs = v[ck[i]:ck[i + 1]].transpose(0, 1).to(t)
+            k0, k1 = st.key_span(ck, i, max_seqlen_k)
+            ks = k[k0:k1].transpose(0, 1).to(t)
+            vs = v[k0:k1].transpose(0, 1).to(t)
             off = st.offset(lens_q[i], lens_k[i], max_seqlen_q, max_seqlen_k)
             o, lse, _ = attend(qs, ks, vs, scale=scale, causal=causal, window=tuple(window_size), cap=softcap,
                                slopes=_slopes(alibi_slopes, i, t), dropout_p=dropout_p, offset=off, st=st)
@@ -292,7 +296,7 @@ def make_flash_attn_with_kvcache(st: Stages = STAGES, name: str = "flash_attn_wi
         scale = _scale(q, softmax_scale)
         outs, lses = [], []
         for bi in range(b):
-            n = st.keys_read(seqlens[bi] + n_new)
+            n = st.keys_read(seqlens[bi] + n_new, n_new)
             idx = [slot(bi, tpos) for tpos in range(pads[bi], n)]
             if idx:
                 ks = torch.stack([k_cache[r, c] for r, c in idx]).transpose(0, 1).to(t)
@@ -372,7 +376,7 @@ def make_single_decode_with_kv_cache(st: Stages = STAGES, name: str = "single_de
         if q.dim() != 2:
             raise ValueError(f"decode takes q [num_qo_heads, head_dim]; got {tuple(q.shape)}")
         kk = _nhd(k, kv_layout)
-        n = st.keys_read(kk.shape[0])
+        n = st.keys_read(kk.shape[0], 0)
         kk, vv = kk[:n], _nhd(v, kv_layout)[:n]
         ret = prefill(q[None], kk, vv, kv_layout="NHD", pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale,
                       window_left=window_left, logits_soft_cap=logits_soft_cap, return_lse=return_lse)
