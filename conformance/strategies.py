@@ -573,7 +573,7 @@ def probe_case(feature: str, *, seed: int = 0, dtype: str = "float32", b: int = 
                softcap: float = 1.0, causal: str = "bottom_right") -> Case:
     """A window of a few keys, softcap 1 on logits ~ 10, ALiBi slopes ~ 1, a sink logit of 5, a mask
     hiding half the keys (no empty row), a bias ~ 3, causal, dropout 0.5 on one-hot V, a scale 4x the
-    default, keys padded to half: the feature on; the plain case is the same with it off."""
+    default, the first sequence's keys padded to half: the feature on; the plain case is the same with it off."""
     rng = np.random.default_rng(seed)
     s = {"B": b, "Hq": hq, "Hkv": hkv, "Lq": lq, "Lk": lk, "Dk": d, "Dv": d}
     q, k, v = values(rng, s, "ordinary", dtype)
@@ -602,7 +602,7 @@ def probe_case(feature: str, *, seed: int = 0, dtype: str = "float32", b: int = 
     elif feature == "scale":
         p["scale"] = 4.0 / np.sqrt(d)
     elif feature == "kv_lengths":
-        p["kv_lengths"] = np.full(b, max(1, lk // 2))
+        p["kv_lengths"] = np.array([max(1, lk // 2), lk])[:b]        # the first sequence shorter than the next
     else:
         raise ValueError(f"no probe for {feature!r}")
     return Case.build(q, k, v, dtype=dtype, seed=seed, regime="ordinary", **p)
