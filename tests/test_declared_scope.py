@@ -155,3 +155,31 @@ def test_requirements_rename_coinciding_alignments():
     assert "ALiBi distances aligned top-left" in a.supports(
         _case(alibi_slopes=np.ones(2), window_align="top_left", Lq=3, Lk=7))
     assert "its lse is float32" in a.supports(_case(dtype="float64"), need={"lse"})
+
+
+# ---- fitting generated cases to a scope (conformance/scope_fit.py) -------------------------------
+def test_fit_projects_onto_the_scope_and_is_idempotent():
+    from attnconf.conformance.scope_fit import fit
+
+    flash = load("flash:flash_attn_func", convention="flash_attn")
+    rich = _case(dtype="float32", B=2, H=4, Hkv=2, Lq=5, Lk=9, mask=np.ones((5, 9), bool), causal="top_left",
+                 kv_lengths=[3, 9], softcap=2.0, window=(1, 1), alibi_slopes=np.ones(4))
+    fitted = fit(rich, flash, record=False)
+    assert fitted is not None and flash.supports(fitted) is True
+    assert fitted.mask is None and fitted.kv_lengths is None and fitted.causal == "bottom_right"
+    assert fitted.softcap == 2.0 and fitted.window == (1, 1) and fitted.alibi_slopes is not None   # kept: in scope
+    assert fit(fitted, flash, record=False) is fitted                                               # idempotent
+    decode = load("flash:single_decode_with_kv_cache", convention="flashinfer_decode")
+    one = fit(rich, decode, record=False)
+    assert one is not None and one.shape["Lq"] == 1 and one.softcap == 2.0 and one.alibi_slopes is None
+    half = load("flash:flash_attn_func_half", convention="flash_attn")
+    assert fit(rich, half, record=False).dtype == "bfloat16"
+    assert fit(rich, half, need={"grads"}, record=False) is None                # not declared: nothing fits
+
+
+def test_fit_keeps_within_declared_head_dims():
+    from attnconf.conformance.scope_fit import fit
+
+    a = load("scoped:sdpa_half")
+    c = fit(_case(dtype="float32", D=40, Lq=70, Lk=70, mask=np.ones((70, 70), bool)), a, record=False)
+    assert c is not None and c.shape["Dk"] == 16 and c.shape["Lk"] <= 64 and c.dtype == "bfloat16"
