@@ -34,7 +34,7 @@ test-suites: setup
 	done
 
 test-catalogue: setup
-	$(PY) -m pytest tests/test_catalogue.py -q -m slow -p no:cacheprovider -n 2
+	$(PY) -m pytest tests/test_catalogue.py tests/test_catalogue_conventions.py -q -m slow -p no:cacheprovider -n 2
 
 long: setup
 	$(PY) -m pytest conformance --backend=torch --long --measure-memory -k "long or memory" -q

@@ -32,7 +32,9 @@ from bench.runner import ROOT, run_suite  # noqa: E402
 CONTROLS = {"flash_attn_func": "flash_attn", "flash_attn_varlen_func": "flash_attn_varlen",
             "flash_attn_with_kvcache": "flash_attn_kvcache", "single_prefill_with_kv_cache": "flashinfer_prefill",
             "single_decode_with_kv_cache": "flashinfer_decode", "flash_attn_func_half": "flash_attn",
-            "flash_attn_func_half_undeclared": "flash_attn"}
+            "flash_attn_func_half_undeclared": "flash_attn", "flash_alt:flash_attn_func": "flash_attn",
+            "flash_alt:flash_attn_varlen_func": "flash_attn_varlen",
+            "flash_alt:flash_attn_with_kvcache": "flash_attn_kvcache"}
 
 
 def catalogue() -> dict[str, str]:
@@ -95,7 +97,9 @@ def main() -> int:
     if not args.no_controls:
         result["controls"] = {}
         for name, conv in CONTROLS.items():
-            run, cpu = timed(f"tests.kernels.flash:{name}", conv, tmp / f"ctl-{name}.json", args.profile, False)
+            module, _, attr = name.rpartition(":")
+            run, cpu = timed(f"tests.kernels.{module or 'flash'}:{attr}", conv, tmp / f"ctl-{attr}-{module}.json",
+                             args.profile, False)
             verdict = (run.report or {}).get("verdict", {}).get("verdict")
             statuses: dict[str, int] = {}
             for r in (run.report or {}).get("records", []):

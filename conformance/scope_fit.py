@@ -140,6 +140,7 @@ EXTRA: list[Callable[[Case], dict]] = [
     _window_left_only,
     lambda c: _cut_q(c, slice(c.shape["Lq"] - 1, None)) if c.shape["Lq"] > 1 else {},   # one query (decode)
     lambda c: {"window_align": "bottom_right"},
+    lambda c: {} if c.alibi_slopes is None else {"alibi_slopes": c.alibi_slopes.astype(np.float32).astype(np.float64)},
     lambda c: {"packing": {}},
 ]
 

@@ -420,12 +420,15 @@ SOFTCAPS = (0.5, 1.0, 5.0, 30.0, 50.0)
 
 
 def alibi_slopes(rng: np.random.Generator, b: int, hq: int, how: str) -> np.ndarray:
-    """ALiBi slopes: the paper's geometric 2^(-8 (h + 1) / H), random in [0.01, 1], or per (batch, head)."""
+    """ALiBi slopes: the paper's geometric 2^(-8 (h + 1) / H), random in [0.01, 1], or per (batch, head);
+    float32 values (the flash-attention convention passes slopes as float32)."""
     if how == "geometric":
-        return 2.0 ** (-8.0 * (np.arange(hq) + 1) / hq)
-    if how == "batch":
-        return rng.uniform(0.01, 1.0, size=(b, hq))
-    return rng.uniform(0.01, 1.0, size=hq)
+        slopes = 2.0 ** (-8.0 * (np.arange(hq) + 1) / hq)
+    elif how == "batch":
+        slopes = rng.uniform(0.01, 1.0, size=(b, hq))
+    else:
+        slopes = rng.uniform(0.01, 1.0, size=hq)
+    return slopes.astype(np.float32).astype(np.float64)
 
 
 @st.composite
@@ -584,7 +587,7 @@ def probe_case(feature: str, *, seed: int = 0, dtype: str = "float32", b: int = 
         q = q * 4.0                                  # logits of about +-10 against a cap of 1
         p["softcap"] = softcap
     elif feature == "alibi":
-        p["alibi_slopes"] = rng.uniform(0.5, 2.0, size=hq)
+        p["alibi_slopes"] = rng.uniform(0.5, 2.0, size=hq).astype(np.float32).astype(np.float64)
     elif feature == "sinks":
         p["sinks"] = np.full(hq, 5.0)
     elif feature == "mask":

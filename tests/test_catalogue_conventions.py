@@ -37,6 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CORRECT = {"flash_attn_func": "flash_attn", "flash_attn_varlen_func": "flash_attn_varlen",
            "flash_attn_with_kvcache": "flash_attn_kvcache", "single_prefill_with_kv_cache": "flashinfer_prefill",
            "single_decode_with_kv_cache": "flashinfer_decode", "flash_attn_func_half": "flash_attn"}
+# independently written controls (tests/kernels/flash_alt.py): batched, padded, torch.softmax / logsumexp
+ALT = {"flash_attn_func": "flash_attn", "flash_attn_varlen_func": "flash_attn_varlen",
+       "flash_attn_with_kvcache": "flash_attn_kvcache"}
+CONTROLS = [("flash", n) for n in sorted(CORRECT)] + [("flash_alt", n) for n in sorted(ALT)]
 EPS = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 
@@ -78,10 +82,10 @@ CONTROL_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CORRECT))
+@pytest.mark.parametrize("module, name", CONTROLS)
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
-def test_correct_kernel_matches_reference(name, dtype):
-    a = adapter("flash", name, CORRECT[name])
+def test_correct_kernel_matches_reference(module, name, dtype):
+    a = adapter(module, name, CORRECT[name])
     ran = 0
     for i, (kind, params) in enumerate(sorted(CONTROL_CASES.items())):
         c = case(i, dtype=dtype, **params)
@@ -106,8 +110,9 @@ def test_correct_kernel_matches_reference(name, dtype):
 
 
 def test_controls_have_gradients_where_the_convention_does():
-    for name in ("flash_attn_func", "flash_attn_varlen_func"):
-        a = adapter("flash", name, CORRECT[name])
+    for module, name in [("flash", "flash_attn_func"), ("flash", "flash_attn_varlen_func"),
+                         ("flash_alt", "flash_attn_func"), ("flash_alt", "flash_attn_varlen_func")]:
+        a = adapter(module, name, CORRECT[name])
         c = case(5, grad_out=np.random.default_rng(5).standard_normal((2, 4, 7, 8)), window=(2, 1), softcap=2.0,
                  alibi_slopes=np.array([1.0, 0.5, 0.25, 0.125]), dtype="float64")
         from attnconf.reference import backward
@@ -200,10 +205,10 @@ def test_catalogue_is_complete():
 
 # ---- the suite against the catalogue (slow: one suite run per kernel) ------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(CORRECT) + ["flash_attn_func_half_undeclared"])
-def test_suite_judges_correct_kernel(name, tmp_path):
+@pytest.mark.parametrize("module, name", CONTROLS + [("flash", "flash_attn_func_half_undeclared")])
+def test_suite_judges_correct_kernel(module, name, tmp_path):
     conv = CORRECT.get(name, "flash_attn")
-    run = run_suite("torch", tmp_path / "run.json", kernel=f"tests.kernels.flash:{name}",
+    run = run_suite("torch", tmp_path / "run.json", kernel=f"tests.kernels.{module}:{name}",
                     extra=(f"--convention={conv}",))
     assert run.report is not None, run.output_tail
     if name.endswith("_undeclared"):   # the half-precision kernel without its declaration must not pass

@@ -19,7 +19,7 @@ bound by keyword. What the convention says, and how a Case maps onto it:
 - `softcap=c` applies c * tanh(x / c) to the scaled logits before ALiBi and masking
   (`flash_api.cpp` folds it into the scale), 0.0 = off;
 - `alibi_slopes` (Hq,) or (B, Hq) add -slope * |i + Lk - Lq - j| (the docstring). They are
-  float32 as upstream requires, float64 for float64 cases (no upstream kernel runs float64);
+  float32 as upstream requires, whatever the case's dtype; slopes float32 cannot hold are outside;
 - `dropout_p` with torch's RNG seeded by `case.seed` (the statistics, not the stream, are judged);
 - `return_attn_probs=True` returns (out, softmax_lse (B, H, Lq), S_dmask); the lse is natural
   log and a row that sees no key has lse = +inf (`softmax.h`, `normalize_softmax_lse`); the
