@@ -434,11 +434,16 @@ def alibi_slopes(rng: np.random.Generator, b: int, hq: int, how: str) -> np.ndar
 @st.composite
 def convention_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, regimes: tuple[str, ...] = REGIMES,
                      lengths_: bool = True, softcap: bool = True, alibi: bool = True, window: bool = True,
-                     causal: bool = True, empty_rows: bool = True, grad: bool = False, min_b: int = 1) -> Case:
+                     causal: bool = True, empty_rows: bool = True, grad: bool = False, min_b: int = 1,
+                     lq_pool: tuple[int, ...] | None = None, lk_pool: tuple[int, ...] | None = None) -> Case:
     """A case made of what flash-attention-style kernels take: GQA, Lq != Lk, bottom-right causal
-    (top-left where Lq == Lk), a sliding window (left, right), softcap, ALiBi, lengths, a custom scale."""
-    lq = draw(lengths(max_len))
-    lk = draw(lengths(max_len)) if draw(st.booleans()) else lq
+    (top-left where Lq == Lk), a sliding window (left, right), softcap, ALiBi, lengths, a custom scale.
+    `lq_pool` / `lk_pool` fix the lengths to draw from (default: `lengths(max_len)`)."""
+    lq = draw(st.sampled_from(lq_pool)) if lq_pool else draw(lengths(max_len))
+    if lk_pool:
+        lk = draw(st.sampled_from(lk_pool))
+    else:
+        lk = draw(lengths(max_len)) if draw(st.booleans()) else lq
     hkv = draw(st.sampled_from((1, 2, 3)))
     group = draw(st.sampled_from((1, 2, 3, 4)))
     dk = draw(st.sampled_from(CONV_HEAD_DIMS))
@@ -509,11 +514,18 @@ def perturb_sequence(case: Case, b: int, rng: np.random.Generator) -> Case:
     return case.replace(q=q, k=k, v=v)
 
 
+PAGED_LQ = (1, 1, 2, 3, 5, 8)
+PAGED_LK = (1, 5, 17, 64, 255, 256, 257, 300, 385, 513)
+
+
 @st.composite
-def paged_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, append: bool | None = None) -> Case:
-    """A KV-cache case (no query padding) with an explicit paged layout: packing page_size, block_seed,
-    spare_blocks and new_keys (the keys appended in the call; `append` forces some or none)."""
-    case = draw(convention_cases(max_len=max_len, dtypes=dtypes, lengths_=False, regimes=("ordinary", "large")))
+def paged_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, append: bool | None = None) -> Case:
+    """A KV-cache case (decode-like: a few queries, up to 513 keys so that sequences cross page
+    boundaries; no query padding) with an explicit paged layout: packing page_size (256 or 512, as the
+    convention requires), block_seed, spare_blocks and new_keys (appended in the call; `append` forces
+    some or none)."""
+    case = draw(convention_cases(dtypes=dtypes, lengths_=False, regimes=("ordinary", "large"), lq_pool=PAGED_LQ,
+                                 lk_pool=PAGED_LK))
     s = case.shape
     rng = np.random.default_rng(case.seed + 5)
     kl = rng.integers(1, s["Lk"] + 1, size=s["B"]) if draw(st.booleans()) else None
@@ -521,7 +533,7 @@ def paged_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, ap
     if append is None:
         append = draw(st.booleans())
     new = int(draw(st.integers(1, max(1, min(shortest, 4))))) if append else 0
-    packing = {"page_size": draw(st.sampled_from((1, 2, 3, 4, 8, 16))), "block_seed": draw(st.integers(0, 2**31 - 1)),
+    packing = {"page_size": draw(st.sampled_from((256, 256, 512))), "block_seed": draw(st.integers(0, 2**31 - 1)),
                "spare_blocks": draw(st.integers(0, 3)), "new_keys": min(new, shortest)}
     return case.replace(kv_lengths=kl, q_lengths=None, packing=packing, grad_out=None)
 

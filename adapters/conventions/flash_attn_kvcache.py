@@ -32,8 +32,10 @@ Every slot that holds no key of the case (beyond a sequence, spare rows and bloc
 filled with finite values that would change the result if read. After the call the adapter
 checks, bitwise, that the appended keys landed where the convention says and that nothing
 else in the cache changed; otherwise the call is a `ConventionViolation` of ATTN-PAGED-3.
-Rotary embedding and `cache_leftpad` are outside the spec (never passed); upstream requires
-page_size % 256 == 0 for its paged kernel, which pure-torch kernels need not.
+Rotary embedding and `cache_leftpad` are outside the spec (never passed). The docstring says
+"page_block_size must be a multiple of 256" (`flash_api.cpp` checks it), so page sizes are 256
+or 512: a sequence spans one or two pages unless it is longer than 256 keys, and the paged
+strategies draw such lengths.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ FEATURES = frozenset({"causal_bottom_right", "window_bottom_right", "softcap", "
 OUTSIDE = ("gradients (no backward)", "dropout", "boolean masks", "additive bias", "query padding",
            "top-left causal or window with len_q != len_k", "attention sinks", "rotary embedding",
            "cache_leftpad")
-PAGE_SIZES = (1, 2, 3, 4, 8, 16)
+PAGE_SIZES = (256, 512)   # "page_block_size must be a multiple of 256" (flash_attn_with_kvcache docstring)
 
 
 @dataclass
@@ -126,7 +128,7 @@ def build_cache(case: Case, rep: Representation) -> Cache:
         phys = rng.permutation(n_blocks)
         table = phys[: B * per_seq].reshape(B, per_seq).astype(np.int32)
         shape_k, shape_v = (n_blocks, page, hkv, dk), (n_blocks, page, hkv, dv)
-        slot_of = lambda b, t: (int(table[b, t // page]), t % page)  # noqa: E731
+        slot_of = lambda b, t: (table[b, t // page].astype(np.int64), t % page)  # noqa: E731
         batch_idx = None
     else:
         table = None
@@ -134,22 +136,21 @@ def build_cache(case: Case, rep: Representation) -> Cache:
         perm = rng.permutation(rows) if rep.batch_idx else np.arange(rows)
         batch_idx = perm[:B].astype(np.int32) if rep.batch_idx else None
         shape_k, shape_v = (rows, capacity, hkv, dk), (rows, capacity, hkv, dv)
-        slot_of = lambda b, t: (int(perm[b]), t)  # noqa: E731
+        slot_of = lambda b, t: (np.full(t.shape, perm[b], dtype=np.int64), t)  # noqa: E731
     # unused slots: finite values unlike the case's, that would move the result if read
     k_cache = rng.normal(size=shape_k) + 2.0
     v_cache = 40.0 + 10.0 * rng.normal(size=shape_v)
     k_cache, v_cache = (round_like(x, case.dtype) for x in (k_cache, v_cache))
     for b in range(B):
-        for t in range(int(seqlens[b])):
-            r, c = slot_of(b, t)
-            k_cache[r, c], v_cache[r, c] = k_all[b, t], v_all[b, t]
+        r, c = slot_of(b, np.arange(int(seqlens[b])))
+        k_cache[r, c], v_cache[r, c] = k_all[b, : int(seqlens[b])], v_all[b, : int(seqlens[b])]
     k_after, v_after = k_cache.copy(), v_cache.copy()
     where = []
     for b in range(B):
-        for t in range(int(seqlens[b]), int(seqlens[b]) + n):
-            r, c = slot_of(b, t)
-            k_after[r, c], v_after[r, c] = k_all[b, t], v_all[b, t]
-            where.append((b, t, r, c))
+        t = np.arange(int(seqlens[b]), int(seqlens[b]) + n)
+        r, c = slot_of(b, t)
+        k_after[r, c], v_after[r, c] = k_all[b, t], v_all[b, t]
+        where += [(b, int(tt), int(rr), int(cc)) for tt, rr, cc in zip(t, r, c)]
     if n:
         k_new = np.stack([k_all[b, seqlens[b]:seqlens[b] + n] for b in range(B)])
         v_new = np.stack([v_all[b, seqlens[b]:seqlens[b] + n] for b in range(B)])
@@ -170,6 +171,9 @@ class FlashAttnKVCache(Convention):
         new = case.packing.get("new_keys") or 0
         if kl.size and new > int(kl.min()):
             return f"packing new_keys={new} exceeds the shortest sequence's {int(kl.min())} keys"
+        page = case.packing.get("page_size") or 0
+        if page % 256:
+            return f"page_size {page}: the convention's paged cache takes page sizes that are multiples of 256"
         return super().expressible(case)
 
     def requirements(self, case: Case) -> set[str]:

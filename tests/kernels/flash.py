@@ -278,32 +278,29 @@ def make_flash_attn_with_kvcache(st: Stages = STAGES, name: str = "flash_attn_wi
         pads = [0] * b if cache_leftpad is None else [int(x) for x in cache_leftpad.tolist()]
         n_new = 0 if k is None else k.shape[1]
 
-        def slot(bi: int, tpos: int):
+        def slots(bi: int, pos: torch.Tensor):
+            """(cache rows or physical blocks, offsets) of sequence bi's logical positions `pos`."""
             if paged:
-                return st.block_of(block_table, bi, tpos, page), tpos % page
-            return rows[bi], tpos
+                return st.block_of(block_table.long(), bi, pos, page), pos % page
+            return torch.full_like(pos, rows[bi]), pos
 
         with torch.no_grad():
             for bi in range(b):
                 at = st.append_at(seqlens[bi])
                 if at + n_new > capacity:
                     raise ValueError(f"sequence {bi}: {seqlens[bi]} cached + {n_new} new keys exceed the cache ({capacity})")
-                for j in range(n_new):
-                    r, c = slot(bi, at + j)
-                    k_cache[r, c] = k[bi, j]
-                    v_cache[r, c] = v[bi, j]
+                if n_new:
+                    r, c = slots(bi, torch.arange(at, at + n_new))
+                    k_cache[r, c] = k[bi]
+                    v_cache[r, c] = v[bi]
         t = compute_dtype(q.dtype)
         scale = _scale(q, softmax_scale)
         outs, lses = [], []
         for bi in range(b):
             n = st.keys_read(seqlens[bi] + n_new, n_new)
-            idx = [slot(bi, tpos) for tpos in range(pads[bi], n)]
-            if idx:
-                ks = torch.stack([k_cache[r, c] for r, c in idx]).transpose(0, 1).to(t)
-                vs = torch.stack([v_cache[r, c] for r, c in idx]).transpose(0, 1).to(t)
-            else:
-                ks = k_cache.new_zeros((k_cache.shape[2], 0, d), dtype=t)
-                vs = v_cache.new_zeros((v_cache.shape[2], 0, v_cache.shape[3]), dtype=t)
+            r, c = slots(bi, torch.arange(pads[bi], max(n, pads[bi])))
+            ks = k_cache[r, c].transpose(0, 1).to(t)         # (Hkv, n, D)
+            vs = v_cache[r, c].transpose(0, 1).to(t)
             o, lse, _ = attend(q[bi].transpose(0, 1).to(t), ks, vs, scale=scale, causal=causal,
                                window=tuple(window_size), cap=softcap, slopes=_slopes(alibi_slopes, bi, t), st=st)
             outs.append(o.transpose(0, 1))
