@@ -58,7 +58,7 @@ def seq_order(case: Case) -> list[int]:
 def pack(t: torch.Tensor, lens: np.ndarray, order: list[int], noncontiguous: bool) -> torch.Tensor:
     """(B, H, L, D) -> (total, H, D): the first lens[b] rows of each sequence, in `order`."""
     parts = [t[b, :, : int(lens[b])] for b in order]                 # (H, len, D) each
-    packed = torch.cat(parts, dim=1) if parts else t[:0, :, :0].sum(0)   # (H, total, D)
+    packed = torch.cat(parts, dim=1)                                  # (H, total, D); a Case has B >= 1
     return packed.transpose(0, 1) if noncontiguous else packed.transpose(0, 1).contiguous()
 
 
