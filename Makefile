@@ -61,7 +61,7 @@ test-suites: setup
 	$(PY) -m attnconf.conformance.entries_check .attnconf-ci/*.json
 
 test-catalogue: setup
-	$(PY) -m pytest tests/test_catalogue.py tests/test_verdicts.py -q -m slow -p no:cacheprovider -n 2
+	$(PY) -m pytest tests/test_catalogue.py tests/test_catalogue_conventions.py tests/test_verdicts.py -q -m slow -p no:cacheprovider -n 2
 
 long: setup
 	$(PY) -m pytest conformance --backend=torch --long --measure-memory -k "long or memory" -q

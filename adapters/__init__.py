@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 # The interface names are imported on first use, so that `attnconf.adapters.registry` (the backend
 # list: what `attnconf backends` and the plugin's option help need) costs no NumPy import.
 _LAZY = {"CAPABILITIES": ".base", "Adapter": ".base", "Implementation": ".base", "KernelError": ".base",
-         "LayerAdapter": ".base", "Result": ".base", "CallableAdapter": ".callable"}
+         "LayerAdapter": ".base", "Result": ".base", "CallableAdapter": ".callable",
+         "ConventionViolation": ".base", "NotSupported": ".base"}
 
 
 def __getattr__(name: str) -> Any:
@@ -29,6 +30,8 @@ def __getattr__(name: str) -> Any:
 
 # Backend name -> declaration (registry.py: the built-ins and the `attnconf.backends` entry points).
 BACKENDS: Mapping[str, Backend] = REGISTRY
+# the calling convention a --kernel takes when --convention is not given
+NATIVE_CONVENTION = {"numpy": "sdpa", "torch": "sdpa", "jax": "jax", "tensorflow": "sdpa"}
 
 
 class UsageError(Exception):
@@ -101,25 +104,48 @@ def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
          convention: str | None = None, capabilities: str | None = None) -> list[Adapter]:
     """The adapters to test for this invocation (raises UsageError on any mistake).
 
-    `convention` names how a --kernel is called; `capabilities` is a TOML file declaring its scope.
+    `convention` names how a --kernel is called (default: the backend's own, `sdpa` for torch and
+    numpy, `jax` for JAX; torch also takes the conventions of `adapters.conventions`);
+    `capabilities` is a TOML file declaring the kernel's scope, as its `attnconf_capabilities`
+    attribute would (adapters/scope.py).
     """
     module = backend_module(backend)
     options = options or {}
     if (convention or capabilities) and kernel is None:
         raise UsageError("--convention and --capabilities describe a --kernel; give --kernel=MODULE:ATTR too")
-    if convention not in (None, "sdpa", "jax"):
-        raise UsageError(f"unknown --convention {convention!r}")
+    native = NATIVE_CONVENTION.get(backend, "sdpa")
+    from . import conventions
+
+    known = (native,) + (conventions.NAMES if backend == "torch" else ())
+    if convention is not None and convention not in known:
+        raise UsageError(f"unknown --convention {convention!r} for backend {backend!r}; choose from: {', '.join(known)}")
     devices = backend_devices(backend, module)
     if device not in devices:
         raise UsageError(f"unknown device {device!r} for backend {backend!r}; choose from {', '.join(devices)}")
     if kernel is not None:
+        from . import scope
         from .base import Adapter
 
         ready = resolve_kernel(kernel, check=lambda obj: None)
         if isinstance(ready, Adapter) or (isinstance(ready, type) and issubclass(ready, Adapter)):
             return [_ready_adapter(ready, kernel, backend, device, convention)]
-        fn = resolve_kernel(kernel, getattr(module, "check_kernel_signature", None))
-        return [module.kernel_adapter(fn, device, f"{backend}:kernel:{kernel}")]
+        if convention in (None, native):
+            fn = resolve_kernel(kernel, getattr(module, "check_kernel_signature", None))
+            adapter = module.kernel_adapter(fn, device, f"{backend}:kernel:{kernel}")
+            adapter.convention = native
+            expressible = None
+        else:
+            conv = conventions.get(convention)
+            fn = resolve_kernel(kernel, conv.check_signature)
+            from .conventions.common import ConventionAdapter
+
+            adapter = ConventionAdapter(fn, conv, device, f"{backend}:{convention}:{kernel}")
+            expressible = conv.features
+        try:
+            scope.declare(adapter, fn, capabilities, expressible=expressible)
+        except scope.ScopeError as exc:
+            raise UsageError(f"--kernel {kernel}: declared scope: {exc}") from None
+        return [adapter]
     adapters = module.implementations(device, options)
     if impl is not None:
         wanted = {w.strip() for w in impl.split(",")}
@@ -153,5 +179,6 @@ def _ready_adapter(obj, spec: str, backend: str, device: str, convention: str | 
     return obj
 
 
-__all__ = ["Adapter", "BACKENDS", "Backend", "CAPABILITIES", "CallableAdapter", "Implementation", "KernelError",
-           "LayerAdapter", "Result", "UsageError", "available_backends", "backend_devices", "load", "resolve_kernel"]
+__all__ = ["Adapter", "BACKENDS", "Backend", "CAPABILITIES", "CallableAdapter", "ConventionViolation", "Implementation",
+           "KernelError", "LayerAdapter", "NotSupported", "Result", "UsageError", "available_backends",
+           "backend_devices", "load", "resolve_kernel"]

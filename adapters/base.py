@@ -45,11 +45,26 @@ CAPABILITIES = frozenset({
     "alibi",           # ALiBi slopes (ATTN-ALIBI-*), distances from the bottom-right diagonal (flash-attention's)
     "alibi_top_left",  # ALiBi with distances from the top-left diagonal (window_align="top_left")
     "sinks",           # per-head attention-sink logits (ATTN-SINK-*)
+    # Convention-level features (adapters/conventions): how the problem reaches the kernel.
+    "varlen",          # packed variable-length batch: cu_seqlens (ATTN-VARLEN-*)
+    "paged",           # paged KV cache: block_table into physical blocks (ATTN-PAGED-1, -2)
+    "kvcache_append",  # new k/v written into the cache in place and attended to (ATTN-PAGED-3)
 })
+# What a declared scope says besides features (adapters/scope.py); `scope()` uses the same words.
+SCOPE_KEYS = ("dtypes", "grads", "dropout", "features", "head_dims", "max_seqlen")
 
 
 class KernelError(Exception):
     """The kernel under test raised or returned something unusable (not a suite bug)."""
+
+
+class ConventionViolation(KernelError):
+    """The kernel broke its calling convention's own contract: the output shape it promises, the value it
+    gives a row that sees no key, where appended keys land in a cache. The message starts with `[clause]`."""
+
+    def __init__(self, clause: str, message: str):
+        super().__init__(f"[{clause}] {message}")
+        self.clause = clause
 
 
 @dataclass
@@ -78,6 +93,10 @@ class Implementation:
     devices: tuple[str, ...] = ("cpu",)
     dtypes: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
     capabilities: frozenset[str] = frozenset()
+    head_dims: tuple[int, ...] | None = None   # the only head dims it runs (a declared scope's list)
+    max_seqlen: int | None = None       # longest Lq or Lk it runs
+    convention: str = ""                # how a --kernel is called ("sdpa", "flash_attn", ...); "" for built-ins
+    scope_source: str = "built-in"      # where the scope came from: "built-in", "full convention", an attribute, a file
     trusted: bool = True                # False for third-party kernels
     example_budget: float = 1.0         # fraction of Hypothesis examples (e.g. < 1 where each new shape compiles)
 
@@ -111,10 +130,19 @@ class Adapter(Implementation, metaclass=ABCMeta):
             return ok
         if case.dtype not in self.dtypes:
             return f"{self.name} does not run {case.dtype}"
+        reason = self.limits_support(case)
+        return reason if reason is not True else self.extra_support(case)
+
+    def limits_support(self, case: Case) -> Literal[True] | str:
+        """The declared limits: head dims (a maximum or a list) and the longest sequence."""
         s = case.shape
         if self.max_head_dim is not None and max(s["Dk"], s["Dv"]) > self.max_head_dim:
             return f"{self.name} supports head dim <= {self.max_head_dim}"
-        return self.extra_support(case)
+        if self.head_dims is not None and not {s["Dk"], s["Dv"]} <= set(self.head_dims):
+            return f"{self.name} runs head dims {list(self.head_dims)} only"
+        if self.max_seqlen is not None and max(s["Lq"], s["Lk"]) > self.max_seqlen:
+            return f"{self.name} runs sequences up to {self.max_seqlen} only"
+        return True
 
     def extra_support(self, case: Case) -> Literal[True] | str:
         """Hook for constraints the capability vocabulary cannot say."""
@@ -134,6 +162,22 @@ class Adapter(Implementation, metaclass=ABCMeta):
         """Call the kernel on arbitrary, possibly invalid, shapes (ATTN-OP-6). Should raise on invalid input."""
         raise NotImplementedError
 
+    def scope(self) -> dict[str, Any]:
+        """The scope this implementation is certified in, in the words of a declaration (adapters/scope.py):
+        dtypes, grads, dropout, features, limits, plus where it came from and what lies outside it."""
+        caps = set(self.capabilities)
+        limits: dict[str, Any] = {}
+        if self.head_dims is not None:
+            limits["head_dims"] = list(self.head_dims)
+        elif self.max_head_dim is not None:
+            limits["head_dims"] = {"max": self.max_head_dim}
+        if self.max_seqlen is not None:
+            limits["max_seqlen"] = self.max_seqlen
+        return {"convention": self.convention or None, "source": self.scope_source,
+                "dtypes": [d for d in ("float64", "float32", "float16", "bfloat16") if d in self.dtypes],
+                "grads": "grads" in caps, "dropout": "dropout" in caps,
+                "features": sorted(caps - {"grads", "dropout"}), "limits": limits,
+                "not_covered": sorted(CAPABILITIES - caps - {"grads", "dropout"}), "outside_convention": []}
 
 class LayerAdapter(Implementation):
     """The layer protocol (ATTN-MHA-1): a multi-head attention layer loaded with a LayerCase's weights.

@@ -15,7 +15,7 @@ import numpy as np
 
 from attnconf.reference import Case
 
-from .base import Adapter, KernelError, Result
+from .base import Adapter, KernelError, NotSupported, Result
 from .sdpa_convention import fold_mask
 
 FULL_SDPA = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "q_lengths", "kv_lengths",
@@ -52,6 +52,8 @@ class CallableAdapter(Adapter):
         snapshots = [self._to_numpy(a).copy() for a in args]
         try:
             ret = self.fn(*args, **kwargs)
+        except NotImplementedError as exc:  # the kernel says it does not do this case: unsupported, never passed
+            raise NotSupported(f"{self.name} raised NotImplementedError: {str(exc).splitlines()[0] if str(exc) else ''}") from None
         except Exception as exc:  # the kernel's own failure, reported per test
             raise KernelError(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
         for name, before, arr in zip(("query", "key", "value"), snapshots, args):
@@ -80,7 +82,7 @@ class CallableAdapter(Adapter):
     def describe(self) -> dict[str, Any]:
         fn = self.fn
         return {**super().describe(), "kernel": f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}",
-                "calling_convention": "sdpa"}
+                "calling_convention": "sdpa", "scope": self.scope()}
 
 
 def check_sdpa_signature(fn: Callable[..., Any]) -> str | None:

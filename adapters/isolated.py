@@ -4,7 +4,7 @@ A third-party kernel runs in the test process by default; one segfault there
 ends the whole run with no report. `IsolatedAdapter` builds the real adapter
 inside a persistent worker (multiprocessing, 'spawn' context: no forked torch
 or XLA state) from a picklable spec `{"backend", "device", "kernel", "impl",
-"options"}` and forwards `run`, `run_raw` and `run_layer` to it. The parent
+"options", "convention", "capabilities"}` and forwards `run`, `run_raw` and `run_layer` to it. The parent
 copies the inner adapter's declaration once at start-up, so `supports()` costs
 nothing. Failures come back as exceptions:
 
@@ -37,7 +37,8 @@ from .base import Adapter, KernelError, Result
 DEFAULT_MEMORY_BYTES = 4 << 30
 DEFAULT_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 180.0
-_DECLARATION = ("name", "backend", "devices", "dtypes", "capabilities", "max_head_dim", "kind", "trusted")
+_DECLARATION = ("name", "backend", "devices", "dtypes", "capabilities", "max_head_dim", "head_dims", "max_seqlen",
+                "convention", "scope_source", "kind", "trusted")
 
 
 class KernelCrashed(KernelError):
@@ -98,11 +99,16 @@ def _worker(conn, spec: dict[str, Any], memory_bytes: int) -> None:
 
         impl = spec.get("impl")
         found = adapters.load(spec["backend"], device=spec.get("device", "cpu"), kernel=spec.get("kernel"),
-                              impl=impl, options=spec.get("options"))
+                              impl=impl, options=spec.get("options"), convention=spec.get("convention"),
+                              capabilities=spec.get("capabilities"))
         pick = spec.get("pick") or impl
         inner = next((a for a in found if a.name == pick), found[0])
         decl = {name: getattr(inner, name, None) for name in _DECLARATION}
         decl["extra_support"] = type(inner).extra_support is not Adapter.extra_support
+        # a calling convention decides support itself (requirements renamed, what it can express)
+        decl["own_supports"] = (type(inner).supports is not Adapter.supports
+                                or type(inner).requirements is not Adapter.requirements)
+        decl["scope"] = inner.scope()
         decl["describe"] = inner.describe()
         decl["startup_s"] = time.perf_counter() - t0
         decl["memory_cap"] = _cap_memory(memory_bytes) if memory_bytes else 0
@@ -120,6 +126,8 @@ def _worker(conn, spec: dict[str, Any], memory_bytes: int) -> None:
         try:
             if method == "run":  # grads is keyword-only
                 answer = inner.run(args[0], grads=args[1])
+            elif method == "supports_with":  # need is keyword-only
+                answer = inner.supports(args[0], need=args[1])
             else:
                 answer = getattr(inner, method)(*args)
             conn.send(("ok", answer))
@@ -180,6 +188,8 @@ class IsolatedAdapter(Adapter):
         self.memory_cap = decl.pop("memory_cap")
         self._describe = decl.pop("describe")
         self._forward_extra = decl.pop("extra_support")
+        self._own_supports = decl.pop("own_supports")
+        self._scope = decl.pop("scope")
         for name, value in decl.items():
             if value is not None:
                 setattr(self, name, value)
@@ -257,6 +267,14 @@ class IsolatedAdapter(Adapter):
         return self._receive(self.timeout_s, what)
 
     # -- the Adapter interface ------------------------------------------------------
+    def supports(self, case: Case, *, need: frozenset[str] = frozenset()) -> Literal[True] | str:
+        if not self._own_supports:
+            return super().supports(case, need=need)
+        return self._call("supports_with", (_portable(case), frozenset(need)), f"checking support for {case.summary()}")
+
+    def scope(self) -> dict[str, Any]:
+        return self._scope
+
     def extra_support(self, case: Case) -> Literal[True] | str:
         if not self._forward_extra:
             return True

@@ -14,9 +14,9 @@ import torch
 
 from attnconf.reference import Case
 
-from .base import Adapter, Implementation, KernelError, Result
+from .base import Adapter, Implementation, KernelError, NotSupported, Result
 from .callable import FULL_SDPA, CallableAdapter
-from .torch_convert import device_info, dtype_name, set_precision, to_numpy, to_tensor
+from .torch_convert import device_info, dtype_name, limit_threads, set_precision, to_numpy, to_tensor
 from .torch_flex import FlexAdapter
 from .torch_layer import MhaAdapter
 from .torch_sdpa import SDPA_ADAPTERS, ForcedPathUnavailable, SdpaAdapter, _clean
@@ -57,6 +57,8 @@ class TorchKernelAdapter(CallableAdapter):
             try:
                 gs = torch.autograd.grad(ret, list(args), to_tensor(case.grad_out, case.dtype, self.device),
                                          allow_unused=True)
+            except NotImplementedError as exc:
+                raise NotSupported(f"{self.name} backward raised NotImplementedError: {_clean(str(exc))}") from None
             except Exception as exc:
                 raise KernelError(f"kernel backward raised {type(exc).__name__}: {_clean(str(exc))}") from exc
             if any(g is None for g in gs):
@@ -69,6 +71,7 @@ class TorchKernelAdapter(CallableAdapter):
 
 
 def kernel_adapter(fn: Callable[..., Any], device: str, name: str) -> Adapter:
+    limit_threads()
     return TorchKernelAdapter(fn, device, name)
 
 

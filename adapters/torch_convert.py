@@ -53,6 +53,20 @@ def set_precision(options: dict[str, Any]) -> None:
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
 
 
+def limit_threads() -> int:
+    """One intra-op thread for the small problems the suite runs (ATTNCONF_TORCH_THREADS overrides).
+
+    On a shared 2-core machine OpenMP's spinning workers made a (6, 65, 128) float32 matmul
+    take 23 ms with torch's default 2 threads against 0.85 ms with 1 (measured under load, torch
+    2.13 CPU), and the kernel under test is called thousands of times per run."""
+    import os
+
+    n = int(os.environ.get("ATTNCONF_TORCH_THREADS", "1") or 1)
+    if n > 0 and torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
 def precision_flags() -> dict[str, Any]:
     return {"cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,

@@ -81,6 +81,16 @@ class Case:
     sinks: np.ndarray | None = None           # (Hq,): a per-head logit that joins every row's softmax denominator
     # How a calling convention lays the same problem out (page size, block order, appended keys, ...):
     # it never changes the mathematics, only the representation a convention passes to a kernel.
+    # Keys (adapters/conventions/*.py; a convention ignores the others, and draws a missing one from
+    # the case seed within the kernel's declared scope):
+    #   seq_order      flash_attn_varlen: permutation of the batch, the order sequences are packed in
+    #   page_size      flash_attn_kvcache: 0 = contiguous cache, n > 0 = paged cache, blocks of n keys
+    #   block_seed     flash_attn_kvcache: seed of the physical block (or cache row) permutation
+    #   spare_blocks   flash_attn_kvcache: unused physical blocks / cache rows (filled with garbage)
+    #   spare_slots    flash_attn_kvcache: cache capacity beyond the longest sequence
+    #   new_keys       flash_attn_kvcache: the last n keys of every sequence are appended in the call
+    #   cache_batch_idx  flash_attn_kvcache: bool, contiguous cache rows permuted via cache_batch_idx
+    #   kv_layout      flashinfer_prefill / flashinfer_decode: "NHD" or "HND"
     packing: dict = field(default_factory=dict)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 

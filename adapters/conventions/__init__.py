@@ -1,0 +1,36 @@
+"""Calling conventions for `--backend=torch --kernel=MODULE:ATTR --convention=NAME`.
+
+Each convention is one small module that turns a `Case` into exactly the upstream
+public call (every argument bound by keyword) and the result back into the spec's
+terms (layout, log base, the value of an empty row):
+
+| name | upstream entry point | module |
+|---|---|---|
+| `flash_attn` | `flash_attn.flash_attn_func` | `flash_attn.py` |
+| `flash_attn_varlen` | `flash_attn.flash_attn_varlen_func` | `flash_attn_varlen.py` |
+| `flash_attn_kvcache` | `flash_attn.flash_attn_with_kvcache` | `flash_attn_kvcache.py` |
+| `flashinfer_prefill` | `flashinfer.single_prefill_with_kv_cache` | `flashinfer_prefill.py` |
+| `flashinfer_decode` | `flashinfer.single_decode_with_kv_cache` | `flashinfer_decode.py` |
+
+`common.py` holds what they share: the `Convention` description (what it can
+express, its default scope, what lies outside it) and `ConventionAdapter`, the
+adapter that wraps a kernel in one of them. Importing this package does not
+import torch; a convention module imports it when it is loaded.
+"""
+from __future__ import annotations
+
+import importlib
+
+MODULES = {
+    "flash_attn": "flash_attn",
+    "flash_attn_varlen": "flash_attn_varlen",
+    "flash_attn_kvcache": "flash_attn_kvcache",
+    "flashinfer_prefill": "flashinfer_prefill",
+    "flashinfer_decode": "flashinfer_decode",
+}
+NAMES = tuple(MODULES)
+
+
+def get(name: str):
+    """The `Convention` object called `name` (KeyError if there is none)."""
+    return importlib.import_module(f"{__name__}.{MODULES[name]}").CONVENTION

@@ -1,0 +1,192 @@
+"""The convention catalogue: copies of the kernels of `tests.kernels.flash` with exactly one defect each.
+
+Each kernel is built by the same factory as its correct twin with one stage replaced
+(`flash.replace(...)`), so the upstream signature is untouched. `@bug(clause, convention)`
+records the clause it should trip and the convention to call it in; the docstring names the
+defect and where it was seen for real. The suite must fail every one of them
+(tests/test_catalogue_conventions.py); a bug it misses is a gap in a property or a
+strategy, never a reason to weaken the bug.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from . import flash
+from .flash import (make_flash_attn_func, make_flash_attn_varlen_func, make_flash_attn_with_kvcache,
+                    make_single_decode_with_kv_cache, make_single_prefill_with_kv_cache, replace)
+
+BUGS: dict[str, Callable] = {}
+
+
+def bug(fn: Callable, *, clause: str, convention: str, doc: str) -> Callable:
+    """Register a buggy kernel: the clause it should trip, the convention it is called in, its defect."""
+    fn.clause, fn.convention = clause, convention
+    fn.__doc__ = f"Defect: {doc} Trips {clause}."
+    BUGS[fn.__name__] = fn
+    globals()[fn.__name__] = fn          # so that --kernel=tests.kernels.flash_buggy:NAME finds it
+    return fn
+
+
+# ---- defective stages ------------------------------------------------------------------
+def _window(left_op, right_op, offset_of=None):
+    """A visibility stage whose window bounds use the given comparisons (and maybe another offset)."""
+    def visible(lq, lk, causal, window, offset, device):
+        left, right = window
+        i = torch.arange(lq, device=device)[:, None]
+        j = torch.arange(lk, device=device)[None, :]
+        vis = torch.ones(lq, lk, dtype=torch.bool, device=device)
+        if causal:
+            vis &= j <= i + offset
+        w = i + (offset if offset_of is None else offset_of(offset))
+        if left >= 0:
+            vis &= left_op(j, w - left)
+        if right >= 0:
+            vis &= right_op(j, w + right)
+        return vis
+    return visible
+
+
+def _causal_top_left(lq, lk, causal, window, offset, device):
+    vis = flash.visible(lq, lk, False, window, offset, device)
+    if causal:
+        vis &= torch.ones(lq, lk, dtype=torch.bool, device=device).tril()      # j <= i, whatever Lq and Lk
+    return vis
+
+
+def _softcap_after_mask(q, k, scale, cap, slopes, vis, offset, st):
+    s = st.logits(q, k, scale)
+    if slopes is not None:
+        s = s + st.alibi(slopes.to(s.dtype), q.shape[-2], k.shape[-2], offset)
+    return st.softcap(torch.where(vis, s, -math.inf), cap)                     # -inf becomes -cap: leaks
+
+
+def _alibi(distance):
+    def alibi(slopes, lq, lk, offset):
+        i = torch.arange(lq, device=slopes.device)[:, None]
+        j = torch.arange(lk, device=slopes.device)[None, :]
+        return slopes[:, None, None] * distance(i, j, offset).to(slopes.dtype)
+    return alibi
+
+
+def _softmax_no_guard(s, vis):
+    m = s.amax(dim=-1, keepdim=True).detach() if s.shape[-1] else torch.zeros((*s.shape[:-1], 1), dtype=s.dtype)
+    p = torch.where(vis, torch.exp(s - m), 0.0)
+    l = p.sum(dim=-1, keepdim=True)
+    return p / l, m[..., 0] + torch.log(l[..., 0])                              # 0 / 0 for a row with no key
+
+
+# ---- flash_attn ------------------------------------------------------------------------------
+bug(make_flash_attn_func(replace(visible=_window(lambda j, b: j > b, lambda j, b: j <= b)), "window_left_exclusive"),
+    clause="ATTN-WIN-1", convention="flash_attn",
+    doc="the window's left bound is exclusive (j > i + off - left), one key short on the left "
+        "(huggingface/transformers#39408, vllm-project/vllm#3385 are off-by-ones of this kind).")
+bug(make_flash_attn_func(replace(visible=_window(lambda j, b: j >= b, lambda j, b: j < b)), "window_right_exclusive"),
+    clause="ATTN-WIN-1", convention="flash_attn", doc="the window's right bound is exclusive (j < i + off + right).")
+bug(make_flash_attn_func(replace(visible=_window(lambda j, b: j >= b, lambda j, b: j <= b, lambda off: 0)),
+                         "window_top_left"),
+    clause="ATTN-WIN-1", convention="flash_attn", doc="the window is aligned top-left (offset 0) instead of bottom-right.")
+bug(make_flash_attn_func(replace(visible=_causal_top_left), "causal_top_left"),
+    clause="ATTN-CAUSAL-1", convention="flash_attn",
+    doc="causal is aligned top-left (j <= i) instead of bottom-right when Lq != Lk (Dao-AILab/flash-attention#951 "
+        "moved it in 2.1).")
+bug(make_flash_attn_func(replace(scores=_softcap_after_mask), "softcap_after_mask"),
+    clause="ATTN-CAP-1", convention="flash_attn",
+    doc="softcap is applied after masking, so a masked logit becomes -softcap instead of -inf and leaks.")
+bug(make_flash_attn_func(replace(softcap=lambda s, cap: s), "softcap_ignored"),
+    clause="ATTN-ARG-1", convention="flash_attn", doc="softcap is accepted and ignored (sgl-project/sglang#33915).")
+bug(make_flash_attn_func(replace(alibi=_alibi(lambda i, j, off: (i + off - j).abs())), "alibi_sign"),
+    clause="ATTN-ALIBI-1", convention="flash_attn", doc="ALiBi adds +slope * |i + off - j| (wrong sign).")
+bug(make_flash_attn_func(replace(alibi=_alibi(lambda i, j, off: -(i - j).abs())), "alibi_top_left"),
+    clause="ATTN-ALIBI-1", convention="flash_attn",
+    doc="ALiBi distances are |i - j|, not aligned bottom-right (|i + Lk - Lq - j|).")
+bug(make_flash_attn_func(replace(alibi=_alibi(lambda i, j, off: j - i - off)), "alibi_no_abs"),
+    clause="ATTN-ALIBI-1", convention="flash_attn",
+    doc="ALiBi adds slope * (j - i - off) without the absolute value: right only under causal masking.")
+bug(make_flash_attn_func(replace(alibi=lambda slopes, lq, lk, off: torch.zeros((slopes.shape[0], lq, lk),
+                                                                              dtype=slopes.dtype)), "alibi_ignored"),
+    clause="ATTN-ARG-1", convention="flash_attn", doc="alibi_slopes are accepted and ignored.")
+bug(make_flash_attn_func(replace(group=lambda x, hq: x.repeat(hq // x.shape[0], 1, 1)), "gqa_tile"),
+    clause="ATTN-GQA-1", convention="flash_attn",
+    doc="GQA groups heads by tile (query head h uses KV head h % Hkv) instead of contiguously (jax-js#180).")
+bug(make_flash_attn_func(replace(flash_lse=lambda lse: flash.flash_empty_lse(lse) / math.log(2.0)), "lse_base2"),
+    clause="ATTN-LSE-1", convention="flash_attn",
+    doc="the returned lse is in base 2 (flashinfer-ai/flashinfer#2113 broke context-parallel merges this way).")
+bug(make_flash_attn_func(replace(flash_lse=lambda lse: lse), "lse_empty_neg_inf"),
+    clause="ATTN-LSE-2", convention="flash_attn",
+    doc="a row that sees no key returns lse -inf, where the flash-attention convention says +inf.")
+bug(make_flash_attn_func(replace(dropout=lambda w, p: w), "dropout_ignored"),
+    clause="ATTN-ARG-1", convention="flash_attn",
+    doc="dropout_p is accepted and ignored (SageAttention's **kwargs swallow dropout_p).")
+
+# ---- flash_attn_varlen ----------------------------------------------------------------------
+bug(make_flash_attn_varlen_func(replace(offset=lambda lq, lk, max_lq, max_lk: max_lk - max_lq), "varlen_global_offset"),
+    clause="ATTN-CAUSAL-1", convention="flash_attn_varlen",
+    doc="causal, window and ALiBi align on max_seqlen_k - max_seqlen_q instead of each sequence's own lengths "
+        "(Dao-AILab/flash-attention#1192 used the global seqlen in split-KV).")
+bug(make_flash_attn_varlen_func(replace(key_span=lambda cu, i, max_k: (cu[i], cu[i] + max_k)), "varlen_leaky"),
+    clause="ATTN-VARLEN-1", convention="flash_attn_varlen",
+    doc="each sequence reads max_seqlen_k keys from its start, seeing the next sequence's keys.")
+bug(make_flash_attn_varlen_func(replace(softmax=_softmax_no_guard), "varlen_empty_nan"),
+    clause="ATTN-VARLEN-2", convention="flash_attn_varlen",
+    doc="rows that see no key (a sequence with more queries than keys, under causal) output NaN (0/0) instead "
+        "of 0 (Dao-AILab/flash-attention#1537 broke on empty sequences).")
+
+# ---- flash_attn_kvcache --------------------------------------------------------------------
+bug(make_flash_attn_with_kvcache(replace(append_at=lambda seqlen: seqlen + 1), "kvcache_append_off_by_one"),
+    clause="ATTN-PAGED-3", convention="flash_attn_kvcache",
+    doc="new keys are written one slot past cache_seqlens (and the slot at cache_seqlens is read as a key).")
+bug(make_flash_attn_with_kvcache(replace(keys_read=lambda total, new: total - new), "kvcache_new_keys_ignored"),
+    clause="ATTN-PAGED-3", convention="flash_attn_kvcache",
+    doc="the new keys are written into the cache but not attended to.")
+bug(make_flash_attn_with_kvcache(replace(block_of=lambda table, b, t, page: b * table.shape[1] + t // page),
+                                 "paged_block_table_ignored"),
+    clause="ATTN-PAGED-1", convention="flash_attn_kvcache",
+    doc="the paged cache ignores block_table and reads sequence b's blocks at b * blocks_per_seq + j.")
+bug(make_flash_attn_with_kvcache(replace(keys_read=lambda total, new: max(total - 1, 0)), "kvcache_one_key_short"),
+    clause="ATTN-OP-1", convention="flash_attn_kvcache", doc="decoding reads one key too few (the last one).")
+
+# ---- FlashInfer ---------------------------------------------------------------------------------
+bug(make_single_prefill_with_kv_cache(replace(flashinfer_lse=lambda lse: lse), "flashinfer_lse_natural"),
+    clause="ATTN-LSE-1", convention="flashinfer_prefill",
+    doc="the lse is natural log where the FlashInfer convention says base 2.")
+bug(make_single_prefill_with_kv_cache(replace(visible=_window(lambda j, b: j > b, lambda j, b: j <= b)),
+                                      "flashinfer_window_exclusive"),
+    clause="ATTN-WIN-1", convention="flashinfer_prefill", doc="window_left is exclusive (one key short).")
+
+
+def _ignore_mask(prefill):
+    def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=None, o_dtype=None,
+                                     custom_mask=None, packed_custom_mask=None, causal=False, kv_layout="NHD",
+                                     pos_encoding_mode="NONE", use_fp16_qk_reduction=False, sm_scale=None,
+                                     window_left=-1, logits_soft_cap=None, rope_scale=None, rope_theta=None,
+                                     backend="auto", return_lse=False):
+        return prefill(q, k, v, causal=causal, kv_layout=kv_layout, sm_scale=sm_scale, window_left=window_left,
+                       logits_soft_cap=logits_soft_cap, return_lse=return_lse)
+    single_prefill_with_kv_cache.__name__ = single_prefill_with_kv_cache.__qualname__ = "flashinfer_mask_ignored"
+    return single_prefill_with_kv_cache
+
+
+bug(_ignore_mask(flash.single_prefill_with_kv_cache),
+    clause="ATTN-ARG-1", convention="flashinfer_prefill",
+    doc="custom_mask is accepted and ignored (SageAttention's **kwargs swallow attn_mask).")
+bug(make_single_decode_with_kv_cache(replace(keys_read=lambda total, new: max(total - 1, 0)), "decode_one_key_short"),
+    clause="ATTN-OP-1", convention="flashinfer_decode", doc="decode reads one key too few (the newest).")
+
+
+# ---- a dishonest declaration ---------------------------------------------------------------------
+def declares_float32_unimplemented(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                                   softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    if q.dtype == torch.float32:
+        raise NotImplementedError("float32 is not implemented")
+    return flash.flash_attn_func(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                 window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                 return_attn_probs=return_attn_probs)
+
+
+declares_float32_unimplemented.attnconf_capabilities = {"dtypes": ["float32", "float16"]}
+bug(declares_float32_unimplemented, clause="ATTN-SCOPE-1", convention="flash_attn",
+    doc="declares float32 but raises NotImplementedError on every float32 case (so nothing in float32 would be "
+        "judged).")
