@@ -290,11 +290,16 @@ def _one_example(fn, subject: Subject, case, *, generated: bool = True) -> None:
 def scope_of(adapter: Adapter) -> dict[str, Any]:
     """The declared scope that generation stays inside: capabilities, dtypes and limits."""
     scope = getattr(adapter, "scope", None)
-    declared = scope() if callable(scope) else {}
+    declared = dict(scope() if callable(scope) else {})
+    declared.update(declared.pop("limits", None) or {})      # adapters/scope.py keeps the limits apart
+    dims = declared.get("head_dims")
+    max_dim = getattr(adapter, "max_head_dim", None)
+    if isinstance(dims, dict):                                 # {"max": N}
+        max_dim, dims = dims.get("max", max_dim), None
     return {"features": frozenset(getattr(adapter, "capabilities", frozenset())),
-            "dtypes": tuple(getattr(adapter, "dtypes", DTYPES)),
-            "max_head_dim": getattr(adapter, "max_head_dim", None),
-            "head_dims": declared.get("head_dims"), "max_seqlen": declared.get("max_seqlen"),
+            "dtypes": tuple(getattr(adapter, "dtypes", DTYPES)), "max_head_dim": max_dim,
+            "head_dims": tuple(dims) if dims else None,
+            "max_seqlen": declared.get("max_seqlen") or getattr(adapter, "max_seqlen", None),
             "kv_covers_q": declared.get("kv_covers_q", False)}
 
 
@@ -367,6 +372,9 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
             raise KernelAborted(status, str(exc), case) from None
         if raising:
             return _raised_as_declared(rec, raising)
+        clause = getattr(exc, "clause", None)      # a broken calling-convention contract names its clause
+        if clause:
+            raise ConformanceFailure(clause, str(exc), case, adapter.name) from None
         raise ConformanceFailure("ATTN-OP-1", f"kernel error: {exc}", case, adapter.name) from None
     except Exception as exc:  # the framework raised inside a trusted adapter: that implementation's failure
         if raising:

@@ -559,10 +559,15 @@ def _environment(config: pytest.Config, state: RunState) -> dict[str, Any]:
 
 
 def _scope(adapter) -> dict[str, Any]:
-    declared = adapter.scope() if callable(getattr(adapter, "scope", None)) else {}
-    return {"kind": _kind(adapter), "dtypes": list(getattr(adapter, "dtypes", ())),
-            "features": sorted(getattr(adapter, "capabilities", ())),
-            "max_head_dim": getattr(adapter, "max_head_dim", None), **(declared or {})}
+    """The implementation's declared scope for the run file and the certificate (adapters/scope.py's words)."""
+    declared = dict(adapter.scope() if callable(getattr(adapter, "scope", None)) else {})
+    caps = set(getattr(adapter, "capabilities", ()))
+    out = {"kind": _kind(adapter), "dtypes": list(getattr(adapter, "dtypes", ())), "grads": "grads" in caps,
+           "dropout": "dropout" in caps, "features": sorted(caps - {"grads", "dropout"}),
+           "max_head_dim": getattr(adapter, "max_head_dim", None)}
+    out.update(declared)
+    out.update(declared.get("limits") or {})
+    return out
 
 
 def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:

@@ -388,6 +388,11 @@ def scope_sentence(scope: dict[str, Any]) -> tuple[str, str]:
     dtypes = [d for d in ALL_DTYPES if d in (scope.get("dtypes") or [])]
     feats = set(scope.get("features") or [])
     grads = "grads" in feats or scope.get("grads") is True
+    if scope.get("dropout") is True:
+        feats.add("dropout")
+    dims = scope.get("head_dims")
+    if isinstance(dims, dict):
+        scope = {**scope, "max_head_dim": dims.get("max"), "head_dims": None}
     have = [FEATURE_WORDS[f] for f in FEATURE_WORDS if f in feats]
     lacking = [FEATURE_WORDS[f] for f in FEATURE_WORDS if f not in feats]
     lacking_dt = [d for d in ALL_DTYPES if d not in dtypes]
@@ -401,4 +406,7 @@ def scope_sentence(scope: dict[str, Any]) -> tuple[str, str]:
     certified = (f"{'/'.join(dtypes) or 'no dtype'}, {'forward and backward' if grads else 'forward only'}"
                  + (", " + ", ".join(have) if have else "") + (f" ({'; '.join(limits)})" if limits else ""))
     missing = ", ".join(lacking_dt + ([] if grads else ["gradients"]) + lacking) or "nothing"
+    if scope.get("outside_convention"):
+        missing += f"; outside the {scope.get('convention') or 'calling'} convention: " + ", ".join(
+            FEATURE_WORDS.get(f, str(f)) for f in scope["outside_convention"])
     return certified, missing
