@@ -19,7 +19,6 @@ import numpy as np
 from attnconf.reference import Case
 from attnconf.reference.attention import expand_kv
 
-from .harness import current
 
 
 def _cut_kv(case: Case, lk: int) -> dict:
@@ -187,11 +186,8 @@ def fit(case: Case, impl, *, need: Iterable[str] = (), record: bool = True) -> C
         return None
     for _ in range(2 * len(REMOVERS) + len(EXTRA) + 4):
         if impl.supports(case, need=need) is True:
-            if record:
-                try:
-                    current().current_case = case
-                except RuntimeError:
-                    pass
+            if record and hasattr(impl, "record"):      # a harness Subject: remember the case a failure shows
+                impl.record.current_case = case
             return case
         missing = set(impl.requirements(case)) - set(impl.capabilities)
         nxt = None
