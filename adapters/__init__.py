@@ -19,9 +19,11 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("attnconf.adapters.torch", "torch"),
     "jax": ("attnconf.adapters.jax", "jax"),
     "tensorflow": ("attnconf.adapters.tensorflow", "tensorflow"),
+    "transformers": ("attnconf.adapters.transformers", "transformers"),
 }
 INSTALL_HINTS = {"numpy": "pip install numpy ml_dtypes", "torch": "pip install torch==2.13.0",
-                 "jax": "pip install 'jax[cpu]' flax", "tensorflow": "pip install tensorflow-cpu"}
+                 "jax": "pip install 'jax[cpu]' flax", "tensorflow": "pip install tensorflow-cpu",
+                 "transformers": "pip install transformers (next to torch==2.13.0)"}
 
 
 class UsageError(Exception):
