@@ -335,7 +335,7 @@ class TransformersAdapter(Adapter):
 
     def module(self, case: Case, p: Plan, cfg) -> _AttentionModule:
         s = case.shape
-        return _AttentionModule(cfg, hq=s["Hq"], hkv=s["Hkv"], head_dim=s["Dk"], scaling=case.effective_scale,
+        return _AttentionModule(cfg, hq=s["Hq"], hkv=s["Hkv"], head_dim=s["Dk"], scaling=float(case.effective_scale),
                                 is_causal=p.is_causal or p.mode == "custom" and case.causal is not None,
                                 sliding_window=p.sliding_window, softcap=case.softcap, dropout=case.dropout_p)
 
@@ -363,7 +363,7 @@ class TransformersAdapter(Adapter):
                 mask, keys, values = self.mask(case, p, cfg, k, v, dtype)
                 if p.mode == "custom" and "dbias" in leaves and self.bias_in_custom_mask:
                     mask = self.add_bias(mask, leaves["dbias"], dtype)
-                out, extra = fn(module, q, keys, values, mask, dropout=case.dropout_p, scaling=case.effective_scale,
+                out, extra = fn(module, q, keys, values, mask, dropout=case.dropout_p, scaling=float(case.effective_scale),
                                 sliding_window=p.sliding_window, **self.kwargs(case, p, leaves))
             except Exception as exc:
                 raise KernelError(f"{self.name} raised {type(exc).__name__}: {_clean(str(exc))}") from exc
