@@ -280,10 +280,11 @@ class TransformersAdapter(Adapter):
         return ALL_ATTENTION_FUNCTIONS[self.interface_key]
 
     def config(self, case: Case, p: Plan):
-        s = case.shape
-        kw: dict[str, Any] = dict(hidden_size=s["Hq"] * s["Dk"], num_attention_heads=s["Hq"],
-                                  num_key_value_heads=s["Hkv"], head_dim=s["Dk"], num_hidden_layers=1,
-                                  vocab_size=8)
+        """The model config the mask functions and the cache read: `_attn_implementation`, `sliding_window`,
+        `layer_types` (one layer) and `is_causal`. Their head sizes play no part in masking, so they are fixed
+        (a head_dim from the case would have to pass the config's RoPE validation, which odd sizes fail)."""
+        kw: dict[str, Any] = dict(hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                  num_hidden_layers=1, vocab_size=8)
         window = p.sliding_window if p.sliding_window is not None else p.bidirectional_window
         if self.config_class is MistralConfig:
             cfg = MistralConfig(sliding_window=window, **kw)
@@ -362,7 +363,7 @@ class TransformersAdapter(Adapter):
             try:
                 mask, keys, values = self.mask(case, p, cfg, k, v, dtype)
                 if p.mode == "custom" and "dbias" in leaves and self.bias_in_custom_mask:
-                    mask = self.add_bias(mask, leaves["dbias"], dtype)
+                    mask = self.with_bias(p, leaves["dbias"], dtype)
                 out, extra = fn(module, q, keys, values, mask, dropout=case.dropout_p, scaling=float(case.effective_scale),
                                 sliding_window=p.sliding_window, **self.kwargs(case, p, leaves))
             except Exception as exc:
@@ -384,10 +385,13 @@ class TransformersAdapter(Adapter):
 
     bias_in_custom_mask = True
 
-    @staticmethod
-    def add_bias(mask: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """A float custom mask plus the case's bias: -inf stays -inf, finfo.min stays finfo.min's sum."""
-        return mask + bias
+    def with_bias(self, p: Plan, bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """A float custom mask carrying the case's bias: the bias where the boolean parts let a key through,
+        finfo(dtype).min where they hide it. This is how transformers itself merges a boolean mask with a
+        float bias (`integrations/sdpa_attention.py::create_position_bias_mask`:
+        `torch.where(attention_mask, position_bias, min_dtype)`); a -inf in the bias stays -inf."""
+        vis = torch.from_numpy(np.ascontiguousarray(p.custom)).to(self.device)
+        return torch.where(vis, bias, torch.finfo(dtype).min)
 
     def collect(self, res: Result, extra, case: Case) -> None:
         """Record what the function returns besides the output (weights for eager, nothing otherwise)."""
@@ -454,11 +458,14 @@ class EagerSinksAdapter(EagerAdapter):
     capabilities = EagerAdapter.capabilities | {"sinks"}
     source = "models/gpt_oss/modeling_gpt_oss.py eager_attention_forward"
 
+    def impl_support(self, case: Case, p: Plan):
+        if case.sinks is None:
+            return f"{self.name}: gpt-oss's eager function always reads module.sinks; the case has no sinks"
+        return True
+
     def module(self, case, p, cfg):
-        """A case without sinks runs with sink logits of -inf, which add exp(-inf) = 0 to every denominator."""
         m = super().module(case, p, cfg)
-        sinks = case.sinks if case.sinks is not None else np.full(case.shape["Hq"], -np.inf)
-        m.sinks = torch.nn.Parameter(to_tensor(sinks, case.dtype, self.device), requires_grad=False)
+        m.sinks = torch.nn.Parameter(to_tensor(case.sinks, case.dtype, self.device), requires_grad=False)
         return m
 
 
