@@ -496,6 +496,9 @@ class FlexAdapter(TransformersAdapter):
     bias_in_model_mode = True
     bias_in_custom_mask = False
     capabilities = BASE_CAPS | {"softcap"}
+    # torch 2.13's compiled CPU flex_attention raises for float64 ("`torch.float` , `torch.float16` and
+    # `torch.bfloat16` are supported in FlexAttention for CPU device").
+    dtypes = ("float32", "float16", "bfloat16")
     source = "integrations/flex_attention.py flex_attention_forward (torch.compile(flex_attention))"
 
     def custom_mask(self, case: Case, p: Plan, dtype):
