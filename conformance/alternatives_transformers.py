@@ -14,8 +14,8 @@ logits. Which value comes out depends on where the minimum is added and in which
   alignment, window or padding): the mean of their values (`mean_of_values` of spec/divergences/README.md);
 - float16 in the eager functions: the sum is rounded to float16, whose spacing at 65504 is 32, so hidden
   logits fall into buckets 32 apart and only the top bucket keeps weight (`eager_float16_min_mask`);
-- float16 through sdpa with a bias: torch adds the float mask to float32 logits, where -65504 is exact and
-  the softmax over the hidden keys is the softmax of their own logits (`softmax_over_mask_hidden_keys`).
+- sdpa with a bias: torch adds the merged float mask to logits it holds in float32, where float16's
+  -65504 is exact: the hidden keys keep their own logits, lowered by 65504 (`finfo_min_mask`).
 
 The gradients follow the additive mask: d(logit + min)/d(logit) = 1, so the uniform weights of an empty
 row back-propagate into dQ and dK (`uniform_weight_gradients_through_logits`), unlike an implementation that
@@ -107,16 +107,28 @@ def eager_float16_min_mask(case: Case) -> dict[str, np.ndarray]:
     return {"out": out}
 
 
-def softmax_over_mask_hidden_keys(case: Case) -> dict[str, np.ndarray]:
-    """sdpa with a bias in float16: `where(mask, position_bias, -65504)` is added to float32 logits, so an
-    empty row is the softmax of its own (scaled, soft-capped) logits over its mask-hidden keys; the bias
-    of those keys was replaced by the minimum and plays no part."""
-    logits = _scaled_logits(case)
-    hidden = mask_hidden_keys(case)
-    rows = empty_rows(case) & hidden.any(axis=-1)
-    w_rows = _softmax(np.where(hidden, logits, -np.inf))
-    w = np.where(rows[..., None], np.nan_to_num(w_rows), oracle(case).weights)
-    return {"out": _weighted(w, case)}
+FINFO_MIN = {"float64": float(np.finfo(np.float64).min), "float32": float(np.finfo(np.float32).min),
+             "float16": F16_MIN, "bfloat16": -3.3895313892515355e38}
+
+
+def finfo_min_mask_weights(case: Case) -> np.ndarray:
+    """The weights of `finfo_min_mask`: softmax over every key not hidden by -inf bias of
+    s_ij + (finfo(dtype).min where a boolean source hides key j, else bias_ij), in float64."""
+    s = case.shape
+    full = (s["B"], s["Hq"], s["Lq"], s["Lk"])
+    bias = np.zeros(full) if case.bias is None else np.broadcast_to(case.bias, full)
+    x = _scaled_logits(case) + np.where(mask_hidden_keys(case), FINFO_MIN[case.dtype], bias)
+    return np.nan_to_num(_softmax(x))
+
+
+def finfo_min_mask(case: Case) -> dict[str, np.ndarray]:
+    """sdpa with a bias: transformers merges the boolean mask and the bias as
+    `where(mask, position_bias, finfo(dtype).min)` and torch adds that to logits it holds in float32 (or
+    float64), where the minimum is exact. So hidden keys are not hidden but pushed down by |finfo.min|:
+    an empty row is the softmax of its hidden keys' own logits (float16: -65504 is exact in float32) or
+    their mean (float32, bfloat16, float64: the minimum absorbs the logit), and in float16 a hidden key
+    whose logit beats the row's visible ones by more than 65504 takes the weight. Computed in float64."""
+    return {"out": _weighted(finfo_min_mask_weights(case), case)}
 
 
 def _empty_row_weights(case: Case, how: str) -> np.ndarray:
@@ -132,8 +144,8 @@ def _empty_row_weights(case: Case, how: str) -> np.ndarray:
         bias = np.zeros(full) if case.bias is None else np.broadcast_to(case.bias, full)
         with np.errstate(all="ignore"):
             w = _softmax(r16(_scaled_logits(case, r16) + np.where(hidden, F16_MIN, bias)))
-    elif how == "hidden_softmax":
-        w = _softmax(np.where(hidden, _scaled_logits(case), -np.inf))
+    elif how == "finfo_min":
+        return finfo_min_mask_weights(case)
     else:
         raise ValueError(f"unknown convention {how!r}")
     return np.where(rows[..., None], np.nan_to_num(w), oracle(case).weights)
@@ -179,16 +191,14 @@ def uniform_weight_gradients_through_logits(case: Case) -> dict[str, np.ndarray]
 
 def position_bias_mask_gradients(case: Case) -> dict[str, np.ndarray]:
     """sdpa with a bias: the gradients through `where(mask, position_bias, finfo.min)` added to the
-    logits: as `uniform_weight_gradients_through_logits`, with float16's empty rows weighted by
-    `softmax_over_mask_hidden_keys`."""
-    return _gradients_through_logits(case, _empty_row_weights(case, "hidden_softmax" if case.dtype == "float16"
-                                                              else "uniform"))
+    logits, with the weights of `finfo_min_mask` (so, like `uniform_weight_gradients_through_logits`,
+    the covered rows' softmax derivative reaches dQ and dK; dBias is 0 on hidden keys)."""
+    return _gradients_through_logits(case, _empty_row_weights(case, "finfo_min"))
 
 
 ALTERNATIVES = {
-    "mean_of_mask_hidden_values": mean_of_mask_hidden_values,
     "eager_float16_min_mask": eager_float16_min_mask,
-    "softmax_over_mask_hidden_keys": softmax_over_mask_hidden_keys,
     "uniform_weight_gradients_through_logits": uniform_weight_gradients_through_logits,
     "position_bias_mask_gradients": position_bias_mask_gradients,
+    "finfo_min_mask": finfo_min_mask,
 }
