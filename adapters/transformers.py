@@ -381,6 +381,8 @@ class TransformersAdapter(Adapter):
             except Exception as exc:
                 raise KernelError(f"{self.name} backward raised {type(exc).__name__}: {_clean(str(exc))}") from exc
             res.grads = {n: to_numpy(g if g is not None else torch.zeros_like(leaves[n])) for n, g in zip(names, gs)}
+            if "dbias" in res.grads:  # the bias went in as 4D (leading 1s added); give it back in its own shape
+                res.grads["dbias"] = res.grads["dbias"].reshape(case.bias.shape)
         return res
 
     bias_in_custom_mask = True
