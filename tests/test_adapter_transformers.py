@@ -97,6 +97,20 @@ def test_sliding_window_cache_keeps_w_minus_1_keys():
     assert p.past == 6 and p.sliding_window == 4
 
 
+@pytest.mark.parametrize("lq,lk,window", [(3, 9, (3, 0)), (1, 9, (3, 0)), (4, 10, (2, 0)), (5, 5, (2, 0))])
+def test_window_with_cache_and_padding_mask(lq, lk, window):
+    """A sliding layer's cache drops keys (kv_offset > 0) while the 2D padding mask covers every position:
+    the mask is read at absolute key positions. sdpa (boolean masks, so padded-empty rows stay 0)."""
+    rng = np.random.default_rng(3 + lq)
+    q, k = 0.3 * rng.normal(size=(2, 2, lq, 8)), 0.3 * rng.normal(size=(2, 1, lk, 8))
+    v = np.broadcast_to(np.eye(lk), (2, 1, lk, lk)).copy()
+    case = Case.build(q, k, v, window=window, window_align="bottom_right", mask=rng.random((2, 1, 1, lk)) > 0.3,
+                      dtype="float32")
+    res = SDPA.run(case)
+    assert "2D attention_mask" in res.kernel and (lq == lk or "DynamicCache" in res.kernel)
+    _assert_boundaries(res, case)
+
+
 @pytest.mark.parametrize("window,align,lq,lk,why", [
     ((2, 0), "top_left", 3, 8, "bottom-right"),               # a cache aligns windows bottom-right only
     ((2, 1), "top_left", 5, 5, "neither causal"),
