@@ -152,6 +152,10 @@ CASES = {
     "kv_lengths": dict(kv_lengths=[7, 3]),
     "gqa": dict(H=4, Hkv=2),
     "mqa_decode": dict(H=4, Hkv=1, Lq=1, causal="bottom_right"),
+    # one query, GQA and a padding mask: sdpa's pack_gqa path (query and mask reshaped per KV head)
+    "gqa_decode_padding": dict(H=4, Hkv=2, Lq=1, causal="bottom_right", mask=np.array([0, 1, 1, 1, 1, 0, 1], bool)),
+    "gqa_decode_bias": dict(H=4, Hkv=2, Lq=1, causal="bottom_right",
+                            bias=np.random.default_rng(7).normal(size=(2, 4, 1, 7))),
     "dv_ne_dk": dict(Dv=5),
     "scale": dict(scale=-0.7),
     "softcap": dict(softcap=1.5),
