@@ -507,9 +507,10 @@ class FlexAdapter(TransformersAdapter):
     bias_in_custom_mask = False
     capabilities = BASE_CAPS | {"softcap"}
     # Every new graph (dtype, score_mod closure, mask kind, shape before dynamic shapes kick in) is compiled by
-    # inductor to C++ (g++): 5-60 s each on this 2-core machine (measured: 40 s for the first two calls, 3-14 s
-    # for later new graphs; the full ci profile at budget 1.0 had finished 4 tests after 35 min). One example
-    # per Hypothesis test keeps the run finite; see the report for what it costs.
+    # inductor to C++ (g++): 5-60 s each on this shared 2-core machine (measured: 40 s for the first two calls,
+    # 3-14 s for later new graphs; the ci profile at budget 1.0 had finished 4 of 47 tests after 35 min).
+    # At 0.04 (one example per property test) the ci run of transformers:flex alone took 3 min 54 s with a cold
+    # inductor cache and 50 s with a warm one (load average 3-5 on 2 cores: noisy).
     example_budget = 0.04
     # torch 2.13's compiled CPU flex_attention raises for float64 ("`torch.float` , `torch.float16` and
     # `torch.bfloat16` are supported in FlexAttention for CPU device").

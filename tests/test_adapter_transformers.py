@@ -332,19 +332,30 @@ def test_regions_are_row_arrays():
 
 # ---- flex (compiles per graph: slow) -----------------------------------------------------------------
 
+def _flex_run(case: Case):
+    """Run flex; a recompile that hits torch inductor's CPU template bug (reports/findings/
+    TRANSFORMERS-FLEX-CPU-COMPILE-ERROR.md: undeclared `cur_kvSplitSize0` / `cur_qSplitSize0`, depending on
+    the calls before it in the process) skips with that name; any other error fails."""
+    try:
+        return tfa.FlexAdapter().run(case)
+    except Exception as exc:
+        text = str(exc.__cause__ or exc)
+        if "CppCompileError" in text and "SplitSize0" in text:
+            pytest.skip("TRANSFORMERS-FLEX-CPU-COMPILE-ERROR (torch inductor CPU flex template) in this sequence")
+        raise
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("window,align,causal,lq,lk,expected", WINDOWS[:4] + WINDOWS[6:7])
 def test_flex_window_boundaries_exact(window, align, causal, lq, lk, expected):
-    flex = tfa.FlexAdapter()
     case = _onehot(window, align, causal, lq, lk)
-    assert flex.supports(case) is True
-    _assert_boundaries(flex.run(case), case)
+    assert tfa.FlexAdapter().supports(case) is True
+    _assert_boundaries(_flex_run(case), case)
 
 
 @pytest.mark.slow
 def test_flex_conforms_on_left_padding_and_softcap():
-    flex = tfa.FlexAdapter()
     for dtype in ("float32", "float16", "bfloat16"):
         case = WITNESSES["hf_left_padded_f32"]().replace(dtype=dtype, softcap=2.0)
-        assert T.judge_output(flex.run(case).out, case).ok
+        assert T.judge_output(_flex_run(case).out, case).ok
     assert "float64" in flex.supports(WITNESSES["hf_left_padded_f64"]())
