@@ -363,6 +363,70 @@ def _unmasked(entry, case, res, masks) -> Verdict:
     return _judge_against(case.replace(mask=None), case, res, masks)
 
 
+# ---- alternatives given as the expected values of every element --------------------------------
+
+def expected_values(name: str, fn: Callable[[Case], dict[str, np.ndarray]], *, numeric: bool = False) -> None:
+    """Register an alternative from a function that returns, for a case, the expected float64 value of
+    every element of each quantity it defines (NaN = the element must be NaN). Covered elements are
+    judged against those values with the tolerance model of the case's dtype: the spec's yardstick
+    (the naive baseline's error) and a floor taken at the larger of the two magnitudes."""
+    def check(entry, case, res, masks) -> Verdict:
+        exp = fn(case)
+        for q, m in masks.items():
+            if q not in exp:
+                continue
+            actual = getattr(res, q) if q in FORWARD else (res.grads or {}).get(q)
+            if actual is None:
+                continue
+            e = np.asarray(exp[q], dtype=np.float64)
+            a = np.broadcast_to(np.asarray(actual, dtype=np.float64), e.shape)
+            v = _exact(q, a, m & np.isnan(e), np.isnan, "NaN")
+            if not v.ok:
+                return v
+            j = _judge_expected(a, e, case, q, m & ~np.isnan(e))
+            if not j.ok:
+                return _judged(j)
+        return Verdict(True)
+
+    ALTERNATIVES[name] = Alternative(name, FORWARD + GRADIENTS, check, numeric)
+
+
+def _judge_expected(actual: np.ndarray, expected: np.ndarray, case: Case, quantity: str, mask: np.ndarray):
+    from attnconf.reference import baseline_error, oracle
+
+    if quantity in FORWARD:
+        ref = getattr(oracle(case), quantity)
+        base = baseline_error(case)[0 if quantity == "out" else 1] if case.dtype != "float64" else None
+        model = "forward"
+    else:
+        from attnconf.reference.backward import backward
+
+        ref = getattr(backward(case), quantity)
+        base = None
+        if case.dtype != "float64":
+            from attnconf.reference.emulate_backward import gradient_baseline_error
+
+            base = gradient_baseline_error(case)[quantity]
+        model = "gradient"
+    with np.errstate(invalid="ignore"):
+        mag = np.maximum(np.abs(np.nan_to_num(ref)), np.abs(np.nan_to_num(expected)))
+    if case.dtype == "float64":
+        a, vmax = T._logit_magnitude(case)
+        ka, kc = T._float64_terms(case)
+        tol = T.spec.tolerances()["float64"]["gamma"] * T.EPS64 * (ka * float(a.max(initial=0)) + kc + case.shape["Dv"])
+        bound = tol * np.maximum(mag, np.broadcast_to(np.abs(expected).max(initial=0), mag.shape))
+        with np.errstate(invalid="ignore"):
+            bad = mask & ~(np.abs(actual - expected) <= bound)
+        ok = not bad.any()
+        j = T.Judgement(ok, quantity, "float64", 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        if not ok:
+            idx = _first(bad)
+            j.reason = f"{quantity} (float64) at {idx}: {actual[idx]:.17g}, expected {expected[idx]:.17g}"
+        return j
+    return T.judge_arrays(actual, expected, np.broadcast_to(base, expected.shape), case.dtype, quantity=quantity,
+                          model=model, magnitude=mag, mask=mask)
+
+
 def load_all() -> None:
     """Import every `alternatives_<backend>.py` beside this module (their @alternative functions register)."""
     import importlib
@@ -372,7 +436,11 @@ def load_all() -> None:
 
     for info in pkgutil.iter_modules(pkg.__path__):
         if info.name.startswith("alternatives_"):
-            importlib.import_module(f"attnconf.conformance.{info.name}")
+            module = importlib.import_module(f"attnconf.conformance.{info.name}")
+            # a module may also list expected-value functions under ALTERNATIVES (name -> fn(case))
+            for name, fn in getattr(module, "ALTERNATIVES", {}).items():
+                if name not in ALTERNATIVES:
+                    expected_values(name, fn)
 
 
 def check(entry: dict[str, Any], case, res, masks: dict[str, np.ndarray]) -> Verdict:
