@@ -205,7 +205,8 @@ FEATURE_WORDS = {
     "mask_with_causal": "mask with causal", "lse": "log-sum-exp", "weights": "attention weights",
     "dbias": "bias gradient", "noncontiguous": "non-contiguous inputs", "broadcast_kv": "broadcast K/V",
     "window_top_left": "sliding window top-left", "window_bottom_right": "sliding window bottom-right",
-    "softcap": "softcap", "alibi": "ALiBi", "sinks": "attention sinks", "varlen": "variable-length packing",
+    "softcap": "softcap", "alibi": "ALiBi", "alibi_top_left": "ALiBi distances aligned top-left",
+    "sinks": "attention sinks", "varlen": "variable-length packing",
     "paged": "paged KV cache", "kvcache_append": "KV-cache append", "grads": "gradients", "dropout": "dropout",
 }
 

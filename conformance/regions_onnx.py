@@ -283,4 +283,3 @@ def mha_rows_emptied_by_infinite_masks(case: Case) -> np.ndarray | bool:
     return rows if rows.any() else False
 
 
-from attnconf.conformance import alternatives_onnx  # noqa: E402,F401  (registers this backend's alternatives)

@@ -152,8 +152,8 @@ def test_requirements_rename_coinciding_alignments():
     assert a.supports(_case(causal="top_left")) is True                      # Lq == Lk: the same mask
     assert "causal_top_left" in a.supports(_case(causal="top_left", Lq=3, Lk=7))
     assert a.supports(_case(window=(1, 1), window_align="top_left")) is True
-    assert "ALiBi distances aligned top-left" in a.supports(
-        _case(alibi_slopes=np.ones(2), window_align="top_left", Lq=3, Lk=7))
+    assert "alibi_top_left" in a.supports(_case(alibi_slopes=np.ones(2), window_align="top_left", Lq=3, Lk=7))
+    assert a.supports(_case(alibi_slopes=np.ones(2), window_align="top_left")) is True    # Lq == Lk: the same
     assert "its lse is float32" in a.supports(_case(dtype="float64"), need={"lse"})
 
 

@@ -64,6 +64,9 @@ def bottom_right_requirements(case: Case) -> set[str]:
             if f"{kind}_top_left" in f:
                 f.discard(f"{kind}_top_left")
                 f.add(f"{kind}_bottom_right")
+        if "alibi_top_left" in f:
+            f.discard("alibi_top_left")
+            f.add("alibi")
     return f
 
 
