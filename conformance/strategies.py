@@ -827,7 +827,7 @@ def convention_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPE
         else:
             hkv -= 1
     s = {"B": b, "Hq": hkv * group, "Hkv": hkv, "Lq": lq, "Lk": lk, "Dk": dk, "Dv": dk}
-    dtype = draw(st.sampled_from(dtypes))
+    dtype = draw(dtype_choice(dtypes))
     regime = draw(st.sampled_from(regimes))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
@@ -948,7 +948,7 @@ def probe_cases(draw, feature: str, *, dtypes: tuple[str, ...] = ("float32", "fl
     far more than any tolerance (ATTN-ARG-1); see `probe_case`."""
     hkv = draw(st.sampled_from((1, 2)))
     lq = draw(st.sampled_from((4, 7, 9, 16)))
-    return probe_case(feature, seed=draw(st.integers(0, 2**32 - 1)), dtype=draw(st.sampled_from(dtypes)),
+    return probe_case(feature, seed=draw(st.integers(0, 2**32 - 1)), dtype=draw(dtype_choice(dtypes)),
                       b=draw(st.sampled_from((1, 2))), hkv=hkv, hq=hkv * draw(st.sampled_from((1, 2))), lq=lq,
                       lk=draw(st.sampled_from((lq, lq, 5, 13, 17))), d=draw(st.sampled_from((8, 16))),
                       window=(draw(st.sampled_from((0, 1, 2))), draw(st.sampled_from((0, 1, -1)))),
