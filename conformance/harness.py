@@ -204,14 +204,16 @@ def clauses(*ids: str):
 
 
 def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl", weight: float = 1.0,
-              dtypes: tuple[str, ...] | None = DTYPES):
+              dtypes: tuple[str, ...] | None = DTYPES, needs: tuple[str, ...] = ()):
     """Run the test for Hypothesis-generated cases, one pytest item per implementation and dtype.
 
     Each (test, implementation, dtype) cell draws its own cases (the strategy's dtype is fixed to the
     cell's and its features to the implementation's declared scope, conformance/strategies.py), has
     its own Hypothesis database key and its own status, so a failure in one dtype never hides the
     others. `dtypes=None` (tests over a fixed list of cases) runs one item over every dtype, judged
-    as a whole ("any" cell). With --replay the test runs the saved case alone. The test takes (impl, case); any extra
+    as a whole ("any" cell). `needs` names the features the property is about ("a|b" = either): an
+    implementation that declares none of them has the cell unsupported at once, without drawing a
+    case. With --replay the test runs the saved case alone. The test takes (impl, case); any extra
     randomness comes from `np.random.default_rng(case.seed)`, so the case alone determines the run.
     """
     pinned = tuple(examples)
@@ -221,6 +223,10 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             subject: Subject = kwargs[fixture]
             dtype: str | None = kwargs.get("dtype")
             _, rec, session = _parts(subject)
+            caps = set(getattr(subject.adapter, "capabilities", ()))
+            lacking = [n for n in needs if not caps & set(n.split("|"))]
+            if lacking:
+                pytest.skip(f"unsupported: {subject.name} declares none of {', '.join(lacking)}")
             if session.replay is not None:
                 return _one_example(fn, subject, session.replay, generated=False)
             share = len(DTYPES) if dtype is not None else 1
@@ -348,14 +354,18 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
     call raises and it did. Checks the output contract (ATTN-OP-2 shape, ATTN-OP-5 dtype) on every
     call and the declared divergences' alternatives on the elements they cover."""
     adapter, rec, session = _parts(impl)
-    applied = session.divergences.applied(adapter.name, case, grads=grads) \
-        if divergence and session.divergences is not None else []
     try:
         ok = adapter.supports(case, need=frozenset(need) | ({"grads"} if grads else set()))
     except Exception as exc:  # the framework's own capability probe broke on this case
+        ok = f"capability check raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        probe_error = True
+    else:
+        probe_error = False
+    applied = session.divergences.applied(adapter.name, case, grads=grads) \
+        if divergence and session.divergences is not None and (ok is True or probe_error) else []
+    if probe_error:
         if not applied:
-            raise ConformanceFailure("ATTN-OP-1", f"capability check raised {type(exc).__name__}: {exc}",
-                                     case, adapter.name) from None
+            raise ConformanceFailure("ATTN-OP-1", ok, case, adapter.name) from None
         ok = True
     if ok is not True:
         rec.note_unsupported(str(ok))

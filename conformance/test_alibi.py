@@ -21,7 +21,7 @@ from attnconf.reference import oracle
 @for_cases(st.alibi_cases(), weight=0.6,
            examples=[st.fixed_case(81, B=2, Hq=4, Hkv=2, Lq=9, Lk=13, Dk=16, alibi_slopes=2.0 ** -np.arange(1.0, 5.0)),
                      st.fixed_case(82, B=2, Hq=2, Lq=7, Lk=5, Dk=8, dtype="float16", window_align="top_left",
-                                   alibi_slopes=np.array([[0.5, 0.25], [1.0, 0.0]]), causal="top_left")])
+                                   alibi_slopes=np.array([[0.5, 0.25], [1.0, 0.0]]), causal="top_left")], needs=("alibi|alibi_top_left",))
 def test_alibi_matches_reference(impl, case):
     """Cases with ALiBi ((Hq,) or (B, Hq) slopes, either alignment, causal, padding, windows) agree with the reference."""
     res = run(impl, case)
@@ -30,7 +30,7 @@ def test_alibi_matches_reference(impl, case):
 
 
 @clauses("ATTN-ALIBI-1", "ATTN-ALIBI-2")
-@for_cases(st.alibi_probe_cases(), weight=0.4)
+@for_cases(st.alibi_probe_cases(), weight=0.4, needs=("alibi|alibi_top_left",))
 def test_alibi_weights_are_the_bias(impl, case):
     """Q = 0, V = I: row i's output is exp(-m |i + off - j|) normalised over the visible keys; a flipped sign,
     a signed distance, a wrong offset or alignment moves these weights by O(1)."""
@@ -40,7 +40,7 @@ def test_alibi_weights_are_the_bias(impl, case):
 
 
 @clauses("ATTN-ALIBI-2", "ATTN-LSE-1")
-@for_cases(st.alibi_cases(max_len=33), weight=0.4)
+@for_cases(st.alibi_cases(max_len=33), weight=0.4, needs=("alibi|alibi_top_left",))
 def test_alibi_equals_its_explicit_bias(impl, case):
     """ALiBi and the explicit bias it denotes give the same output and, where the kernel returns it, the
     same lse (the bias's row constant included: ATTN-ALIBI-2)."""
@@ -67,7 +67,7 @@ def test_alibi_equals_its_explicit_bias(impl, case):
 
 
 @clauses("ATTN-ALIBI-2", "ATTN-GRAD-1", "ATTN-TOL-5")
-@for_cases(st.alibi_cases(grad=True, max_len=33), weight=0.3)
+@for_cases(st.alibi_cases(grad=True, max_len=33), weight=0.3, needs=("alibi|alibi_top_left",))
 def test_alibi_gradients(impl, case):
     """dQ, dK, dV with ALiBi agree with the float64 backward (ALiBi changes P only)."""
     res = run(impl, case, grads=True)

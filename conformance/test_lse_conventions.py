@@ -46,7 +46,7 @@ def base_hint(lse: np.ndarray, ref: np.ndarray) -> str:
 
 
 @clauses("ATTN-LSE-1", "ATTN-W-3")
-@for_cases(st.lse_cases(), weight=0.5)
+@for_cases(st.lse_cases(), weight=0.5, needs=("lse",))
 def test_lse_is_natural_log_per_row(impl, case):
     """The returned lse, converted by the convention's rule, is the natural log of each row's
     softmax denominator, one value per (batch, head, query)."""
@@ -65,7 +65,7 @@ def test_lse_is_natural_log_per_row(impl, case):
 
 
 @clauses("ATTN-LSE-2", "ATTN-EMPTY-1", "ATTN-EMPTY-2")
-@for_cases(st.lse_empty_cases(), examples=PINNED_EMPTY, weight=0.3)
+@for_cases(st.lse_empty_cases(), examples=PINNED_EMPTY, weight=0.3, needs=("lse",))
 def test_lse_of_rows_that_see_no_key(impl, case):
     """Rows that see no key (bottom-right causal with Lq > Lk, a window past the keys, a sequence
     with no keys) output 0 and return the convention's empty-row lse (the spec's -inf after mapping)."""
@@ -102,7 +102,7 @@ def key_chunk(case: Case, lo: int, hi: int) -> Case:
 
 
 @clauses("ATTN-LSE-4")
-@for_cases(st.lse_merge_cases(), weight=0.4)
+@for_cases(st.lse_merge_cases(), weight=0.4, needs=("lse",))
 def test_lse_merges_key_chunks(impl, case):
     """Chunks of the keys, merged by their lse (O = sum_c exp(lse_c - lse) O_c), equal the whole; the
     bound comes from the chunks' own allowances (SPEC.md ATTN-LSE-4)."""

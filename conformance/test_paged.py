@@ -26,7 +26,7 @@ def _fit(case: Case, impl, need: set[str]) -> Case | None:
 
 
 @clauses("ATTN-PAGED-1")
-@for_cases(st.paged_cases(), weight=0.3)
+@for_cases(st.paged_cases(), weight=0.3, needs=("paged|kvcache_append",))
 def test_block_placement_does_not_matter(impl, case):
     """Another permutation of the physical blocks (block table and storage together) gives the
     bitwise same output and lse."""
@@ -51,7 +51,7 @@ def test_block_placement_does_not_matter(impl, case):
 
 
 @clauses("ATTN-PAGED-2")
-@for_cases(st.paged_cases(), weight=0.3)
+@for_cases(st.paged_cases(), weight=0.3, needs=("paged|kvcache_append",))
 def test_paged_equals_contiguous(impl, case):
     """The same keys in pages of the drawn size and in a contiguous cache give the same output
     (each within its tolerance, and the two within both allowances)."""
@@ -63,7 +63,7 @@ def test_paged_equals_contiguous(impl, case):
 
 
 @clauses("ATTN-PAGED-3", "ATTN-OP-1")
-@for_cases(st.paged_cases(append=True), weight=0.3)
+@for_cases(st.paged_cases(append=True), weight=0.3, needs=("paged|kvcache_append",))
 def test_appended_keys_land_and_are_attended(impl, case):
     """Keys appended in the call are written at cache_seqlens (the adapter checks the cache bitwise,
     ATTN-PAGED-3) and attended to (the output agrees with the reference over all the keys)."""

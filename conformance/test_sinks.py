@@ -23,7 +23,7 @@ from attnconf.reference.attention import alibi_bias
 @for_cases(st.sink_cases(), weight=0.6,
            examples=[st.fixed_case(91, B=2, Hq=4, Hkv=2, Lq=9, Lk=13, Dk=16, sinks=np.array([0.5, 3.0, -2.0, 8.0])),
                      st.fixed_case(92, Lq=9, Lk=4, Dk=8, dtype="bfloat16", causal="bottom_right",
-                                   sinks=np.array([1.0, -1.0]))])
+                                   sinks=np.array([1.0, -1.0]))], needs=("sinks",))
 def test_sinks_match_reference(impl, case):
     """Cases with sinks (small, comparable and dominant, with windows and empty rows) agree with the reference,
     and so does their lse (sink included) where the kernel returns one."""
@@ -36,7 +36,7 @@ def test_sinks_match_reference(impl, case):
 
 
 @clauses("ATTN-SINK-2", "ATTN-LSE-4")
-@for_cases(st.sink_cases(max_len=33), weight=0.5)
+@for_cases(st.sink_cases(max_len=33), weight=0.5, needs=("sinks",))
 def test_a_sink_scales_each_row(impl, case):
     """O_sink = O_nosink / (1 + exp(sink - lse_nosink)) row by row, between the kernel's two runs, within the
     two runs' allowances (the factor, computed from the reference lse, is in (0, 1]); and lse_sink =
@@ -70,7 +70,7 @@ def test_a_sink_scales_each_row(impl, case):
 
 
 @clauses("ATTN-SINK-2")
-@for_cases(st.cases(max_len=65), weight=0.3)
+@for_cases(st.cases(max_len=65), weight=0.3, needs=("sinks",))
 def test_a_very_negative_sink_changes_nothing(impl, case):
     """A sink 100 below every row's lse (exp(-100) ~ 4e-44 of the denominator) gives the sink-free output."""
     lse = oracle(case).lse
@@ -82,7 +82,7 @@ def test_a_very_negative_sink_changes_nothing(impl, case):
 
 
 @clauses("ATTN-SINK-3", "ATTN-LSE-2", "ATTN-EMPTY-1")
-@for_cases(st.window_empty_row_cases(sinks=True), weight=0.4)
+@for_cases(st.window_empty_row_cases(sinks=True), weight=0.4, needs=("sinks",))
 def test_rows_without_keys_output_zero_and_their_lse_is_the_sink(impl, case):
     """A row the window leaves without a key outputs exactly 0 with a sink too; its lse is the sink, not -inf."""
     empty = ~oracle(case).visible.any(axis=-1)
@@ -132,7 +132,7 @@ def _dsinks_bound64(case) -> np.ndarray:
 
 
 @clauses("ATTN-SINK-4", "ATTN-GRAD-1", "ATTN-TOL-5")
-@for_cases(st.sink_cases(grad=True, max_len=33), weight=0.4)
+@for_cases(st.sink_cases(grad=True, max_len=33), weight=0.4, needs=("sinks",))
 def test_sink_gradients(impl, case):
     """dQ, dK, dV with sinks agree with the float64 backward; where the kernel returns the sink's own gradient,
     dsink = -sum exp(sink - lse) rowsum(dO O) agrees too (gradient model; float64: the analytic bound of

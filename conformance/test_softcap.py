@@ -21,7 +21,7 @@ from attnconf.reference import oracle
 @clauses("ATTN-CAP-1")
 @for_cases(st.softcap_cases(), weight=0.6,
            examples=[st.fixed_case(71, B=2, Hq=4, Hkv=2, Lq=9, Lk=13, Dk=16, softcap=0.8, regime="large"),
-                     st.fixed_case(72, Lq=6, Lk=11, Dk=8, softcap=2.0, dtype="bfloat16", causal="bottom_right")])
+                     st.fixed_case(72, Lq=6, Lk=11, Dk=8, softcap=2.0, dtype="bfloat16", causal="bottom_right")], needs=("softcap",))
 def test_softcap_matches_reference(impl, case):
     """A capped case (c from 0.05 to 3 times the largest scaled logit) agrees with the reference."""
     res = run(impl, case)
@@ -30,7 +30,7 @@ def test_softcap_matches_reference(impl, case):
 
 
 @clauses("ATTN-CAP-2", "ATTN-PROP-13")
-@for_cases(st.softcap_probe_cases(), weight=0.4)
+@for_cases(st.softcap_probe_cases(), weight=0.4, needs=("softcap",))
 def test_capped_weights_are_bounded(impl, case):
     """Logits up to ~1e3, cap c <= 1, V = I: the output is finite and every visible weight of a row with n
     visible keys lies in [exp(-2c)/n, exp(2c)/n], widened by the output tolerance."""
@@ -54,7 +54,7 @@ def test_capped_weights_are_bounded(impl, case):
 
 
 @clauses("ATTN-CAP-2")
-@for_cases(st.cases(max_len=65), weight=0.3)
+@for_cases(st.cases(max_len=65), weight=0.3, needs=("softcap",))
 def test_a_cap_far_above_the_logits_is_no_cap(impl, case):
     """c = 1e4 times the largest scaled logit (at least 1e4): the same output as no cap, within tolerance."""
     top = max(st._scaled_logit_max(case), 1.0)
@@ -63,7 +63,7 @@ def test_a_cap_far_above_the_logits_is_no_cap(impl, case):
 
 
 @clauses("ATTN-CAP-1", "ATTN-ALIBI-2")
-@for_cases(st.softcap_cases(max_len=33, alibi=False, windows=False), weight=0.3)
+@for_cases(st.softcap_cases(max_len=33, alibi=False, windows=False), weight=0.3, needs=("softcap",))
 def test_cap_comes_before_alibi_and_the_bias(impl, case):
     """Capped ALiBi equals the capped case with ALiBi's explicit bias, both added after the cap: a kernel that
     caps the biased logits (bounding ALiBi to (-c, c)) fails here, as one that caps a mask's -inf fails the
@@ -77,7 +77,7 @@ def test_cap_comes_before_alibi_and_the_bias(impl, case):
 
 
 @clauses("ATTN-CAP-3", "ATTN-GRAD-1", "ATTN-TOL-5")
-@for_cases(st.softcap_cases(grad=True, max_len=33), weight=0.4)
+@for_cases(st.softcap_cases(grad=True, max_len=33), weight=0.4, needs=("softcap",))
 def test_softcap_gradients(impl, case):
     """dQ and dK carry the cap's derivative 1 - tanh^2(x / c); dV (and dBias) agree with the float64 backward."""
     res = run(impl, case, grads=True)

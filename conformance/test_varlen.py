@@ -31,7 +31,7 @@ def _rows(case: Case, b: int) -> int:
 
 
 @clauses("ATTN-VARLEN-1")
-@for_cases(st.varlen_cases(), weight=0.4)
+@for_cases(st.varlen_cases(), weight=0.4, needs=("varlen",))
 def test_packed_sequences_are_independent(impl, case):
     """Redrawing one sequence's queries, keys and values (three times larger) leaves every other
     sequence's outputs and lse bitwise unchanged."""
@@ -65,7 +65,7 @@ def test_packed_sequences_are_independent(impl, case):
 
 
 @clauses("ATTN-VARLEN-2", "ATTN-EMPTY-1")
-@for_cases(st.varlen_cases(empty=True), examples=PINNED_EMPTY, weight=0.3)
+@for_cases(st.varlen_cases(empty=True), examples=PINNED_EMPTY, weight=0.3, needs=("varlen",))
 def test_empty_sequences_in_a_pack(impl, case):
     """A pack with a sequence of no queries or no keys: everything agrees with the reference and
     the rows of a sequence with no keys are exactly 0."""

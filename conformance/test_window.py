@@ -30,7 +30,7 @@ def window_as_mask(case: Case) -> Case:
            examples=[st.fixed_case(61, B=2, Hq=4, Hkv=2, Lq=9, Lk=13, Dk=16, window=(3, 0)),
                      st.fixed_case(62, Lq=13, Lk=6, Dk=8, window=(2, 1), dtype="bfloat16"),
                      st.fixed_case(63, Lq=7, Lk=12, Dk=8, window=(1, 2), window_align="top_left", dtype="float16",
-                                   causal="top_left")])
+                                   causal="top_left")], needs=("window_top_left|window_bottom_right",))
 def test_window_matches_reference(impl, case):
     """A windowed case (either alignment, one- or two-sided, with causal, masks, padding) agrees with the reference."""
     res = run(impl, case)
@@ -39,14 +39,14 @@ def test_window_matches_reference(impl, case):
 
 
 @clauses("ATTN-WIN-3", "ATTN-MASK-2")
-@for_cases(st.window_cases(max_len=33), weight=0.3)
+@for_cases(st.window_cases(max_len=33), weight=0.3, needs=("window_top_left|window_bottom_right",))
 def test_window_equals_the_mask_it_denotes(impl, case):
     """A window and the boolean mask of ATTN-WIN-1 it denotes give the same output."""
     expect_equivalent(impl, case, window_as_mask(case), clause="ATTN-WIN-3", what="window vs its boolean mask")
 
 
 @clauses("ATTN-WIN-1", "ATTN-WIN-2", "ATTN-W-2")
-@for_cases(st.window_probe_cases(), weight=0.6)
+@for_cases(st.window_probe_cases(), weight=0.6, needs=("window_top_left|window_bottom_right",))
 def test_window_bounds_are_inclusive(impl, case):
     """With Q = 0 and V = I, the keys at the bounds i + off - left and i + off + right carry weight 1/|J|
     and the keys one past them carry exactly 0."""
@@ -84,7 +84,7 @@ def test_window_bounds_are_inclusive(impl, case):
 
 
 @clauses("ATTN-WIN-4", "ATTN-CAUSAL-1")
-@for_cases(st.cases(max_len=65, causal=False), weight=0.3)
+@for_cases(st.cases(max_len=65, causal=False), weight=0.3, needs=("window_top_left|window_bottom_right",))
 def test_causal_is_the_window_minus_one_zero(impl, case):
     """Window (-1, 0) with alignment a equals causal masking with alignment a; window (-1, -1) equals none."""
     align = ("top_left", "bottom_right")[case.seed % 2]
@@ -95,7 +95,7 @@ def test_causal_is_the_window_minus_one_zero(impl, case):
 
 
 @clauses("ATTN-WIN-3", "ATTN-EMPTY-1", "ATTN-EMPTY-2", "ATTN-LSE-2")
-@for_cases(st.window_empty_row_cases(), weight=0.4)
+@for_cases(st.window_empty_row_cases(), weight=0.4, needs=("window_top_left|window_bottom_right",))
 def test_rows_the_window_empties_are_zero(impl, case):
     """Rows that the window leaves without a key (bottom-right with Lq > Lk + right, top-left with
     Lq > Lk + left) output exactly 0, and their lse is -inf where the kernel returns one."""
@@ -113,7 +113,7 @@ def test_rows_the_window_empties_are_zero(impl, case):
 
 
 @clauses("ATTN-WIN-3", "ATTN-GRAD-1", "ATTN-TOL-5")
-@for_cases(st.window_cases(grad=True, max_len=33), weight=0.3)
+@for_cases(st.window_cases(grad=True, max_len=33), weight=0.3, needs=("window_top_left|window_bottom_right",))
 def test_window_gradients(impl, case):
     """dQ, dK, dV with a window agree with the float64 backward (the window changes P only)."""
     res = run(impl, case, grads=True)
