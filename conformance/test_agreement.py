@@ -34,7 +34,7 @@ def test_output_matches_reference(impl, case):
 
 
 @clauses("ATTN-W-3", "ATTN-EMPTY-2")
-@for_cases(st.cases(layouts=False), weight=1)
+@for_cases(st.cases(layouts=False), weight=1, needs=("lse",))
 def test_lse_matches_reference(impl, case):
     """Where the kernel exposes the log-sum-exp, it is the reference's (and -inf for empty rows)."""
     res = run(impl, case, need={"lse"})

@@ -53,7 +53,7 @@ def test_convention_cases_match_reference(impl, case):
 @clauses("ATTN-GRAD-1", "ATTN-TOL-5", "ATTN-WIN-1", "ATTN-CAP-1", "ATTN-ALIBI-1")
 @for_cases(st.convention_cases(grad=True, max_len=33), examples=[
     c.replace(grad_out=np.random.default_rng(c.seed).normal(size=c.out_shape), dtype="float64") for c in PINNED[:8]],
-    weight=0.5, needs=("window_top_left|window_bottom_right|softcap|alibi|alibi_top_left|varlen|paged|kvcache_append",))
+    weight=0.5, needs=("window_top_left|window_bottom_right|softcap|alibi|alibi_top_left|varlen|paged|kvcache_append", "grads"))
 def test_convention_gradients_match_reference(impl, case):
     """Gradients through windows, softcap and ALiBi agree with the analytic backward."""
     fitted = fit(case, impl, need={"grads"})

@@ -67,7 +67,7 @@ def test_alibi_equals_its_explicit_bias(impl, case):
 
 
 @clauses("ATTN-ALIBI-2", "ATTN-GRAD-1", "ATTN-TOL-5")
-@for_cases(st.alibi_cases(grad=True, max_len=33), weight=0.3, needs=("alibi|alibi_top_left",))
+@for_cases(st.alibi_cases(grad=True, max_len=33), weight=0.3, needs=("alibi|alibi_top_left", "grads"))
 def test_alibi_gradients(impl, case):
     """dQ, dK, dV with ALiBi agree with the float64 backward (ALiBi changes P only)."""
     res = run(impl, case, grads=True)

@@ -90,7 +90,13 @@ def _probe(feature: str):
         check_probe(impl, case, feature)
     probe.__name__ = probe.__qualname__ = f"test_{feature}_argument_is_honoured"
     probe.__doc__ = f"Turning on {feature} moves the output by what the spec says (ATTN-ARG-1)."
-    return clauses("ATTN-ARG-1")(for_cases(st.probe_cases(feature), weight=0.12)(probe))
+    return clauses("ATTN-ARG-1")(for_cases(st.probe_cases(feature), weight=0.12, needs=(NEEDS[feature],))(probe))
+
+
+# the capability a probe of each argument needs (adapters/base.py CAPABILITIES)
+NEEDS = {"window": "window_top_left|window_bottom_right", "softcap": "softcap", "alibi": "alibi|alibi_top_left",
+         "sinks": "sinks", "mask": "mask", "bias": "bias", "causal": "causal_top_left|causal_bottom_right",
+         "dropout": "dropout", "scale": "custom_scale", "kv_lengths": "kv_lengths"}
 
 
 test_window_argument_is_honoured = _probe("window")

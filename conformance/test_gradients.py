@@ -13,7 +13,7 @@ from attnconf.conformance.tolerance import judge_gradients
 @clauses("ATTN-GRAD-1", "ATTN-GRAD-2", "ATTN-TOL-5")
 @for_cases(st.cases(grad=True, max_len=129, layouts=False), weight=1,
            examples=[st.fixed_case(11, B=2, Hq=4, Hkv=2, Lq=9, Lk=17, Dk=16, grad_out=np.ones((2, 4, 9, 16)),
-                                   causal="bottom_right")])
+                                   causal="bottom_right")], needs=("grads",))
 def test_gradients_match_reference(impl, case):
     """dQ, dK, dV (and dBias where the backend returns it) match the float64 backward."""
     res = run(impl, case, grads=True)
@@ -29,7 +29,7 @@ def test_gradients_match_reference(impl, case):
 
 
 @clauses("ATTN-EMPTY-3", "ATTN-GRAD-1")
-@for_cases(st.cases(grad=True, max_len=33, layouts=False, masks=True, padding=False), weight=0.5)
+@for_cases(st.cases(grad=True, max_len=33, layouts=False, masks=True, padding=False), weight=0.5, needs=("grads",))
 def test_fully_masked_rows_have_zero_gradients(impl, case):
     """A query row with no visible key has dQ = 0 and adds nothing to dK, dV."""
     rng = np.random.default_rng(case.seed)

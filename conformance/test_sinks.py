@@ -132,7 +132,7 @@ def _dsinks_bound64(case) -> np.ndarray:
 
 
 @clauses("ATTN-SINK-4", "ATTN-GRAD-1", "ATTN-TOL-5")
-@for_cases(st.sink_cases(grad=True, max_len=33), weight=0.4, needs=("sinks",))
+@for_cases(st.sink_cases(grad=True, max_len=33), weight=0.4, needs=("sinks", "grads"))
 def test_sink_gradients(impl, case):
     """dQ, dK, dV with sinks agree with the float64 backward; where the kernel returns the sink's own gradient,
     dsink = -sum exp(sink - lse) rowsum(dO O) agrees too (gradient model; float64: the analytic bound of

@@ -77,7 +77,7 @@ def test_cap_comes_before_alibi_and_the_bias(impl, case):
 
 
 @clauses("ATTN-CAP-3", "ATTN-GRAD-1", "ATTN-TOL-5")
-@for_cases(st.softcap_cases(grad=True, max_len=33), weight=0.4, needs=("softcap",))
+@for_cases(st.softcap_cases(grad=True, max_len=33), weight=0.4, needs=("softcap", "grads"))
 def test_softcap_gradients(impl, case):
     """dQ and dK carry the cap's derivative 1 - tanh^2(x / c); dV (and dBias) agree with the float64 backward."""
     res = run(impl, case, grads=True)

@@ -119,7 +119,7 @@ def test_weights_through_output(impl, case):
 
 
 @clauses("ATTN-W-1", "ATTN-W-2", "ATTN-PROP-3", "ATTN-PROP-5", "ATTN-EMPTY-2")
-@for_cases(st.onehot_cases(), examples=PINNED, weight=0.5)
+@for_cases(st.onehot_cases(), examples=PINNED, weight=0.5, needs=("weights",))
 def test_returned_weights(impl, case):
     """Where the kernel returns P, it is the reference's: row sums 1, exact zeros, entropy in bounds."""
     res = run(impl, case, need={"weights"})

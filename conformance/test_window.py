@@ -113,7 +113,7 @@ def test_rows_the_window_empties_are_zero(impl, case):
 
 
 @clauses("ATTN-WIN-3", "ATTN-GRAD-1", "ATTN-TOL-5")
-@for_cases(st.window_cases(grad=True, max_len=33), weight=0.3, needs=("window_top_left|window_bottom_right",))
+@for_cases(st.window_cases(grad=True, max_len=33), weight=0.3, needs=("window_top_left|window_bottom_right", "grads"))
 def test_window_gradients(impl, case):
     """dQ, dK, dV with a window agree with the float64 backward (the window changes P only)."""
     res = run(impl, case, grads=True)
