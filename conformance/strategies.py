@@ -652,16 +652,28 @@ def decode_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, lengths: tuple[int, 
     case = Case.build(q, k, v, dtype=dtype, seed=seed, **p)
     if variants:
         changes: dict = {}
-        if draw(st.booleans()):
+        if allows("window_bottom_right") and draw(st.booleans()):
             changes["window"] = (draw(st.sampled_from((0, 1, 7, 63, 255, 1000))), draw(st.sampled_from((-1, 0))))
-        if draw(st.booleans()):
+        if allows("softcap") and draw(st.booleans()):
             changes["softcap"] = float(f"{max(0.3 * _scaled_logit_max(case), 0.05):.3g}")
-        if draw(st.booleans()):
+        if allows("alibi") and draw(st.booleans()):
             changes["alibi_slopes"] = draw(alibi_slopes(case))
         case = case.replace(**changes) if changes else case
-        if draw(st.booleans()):
+        if allows("sinks") and draw(st.booleans()):
             case = case.replace(sinks=draw(sink_values(case)))
     return case
+
+
+def variant_alignments(*features: str) -> tuple[str, ...]:
+    """The alignments under which the implementation declares every feature of `features` (window,
+    alibi): window_<alignment>; ALiBi top-left is its own capability (alibi_top_left)."""
+    out = []
+    for align in ALIGNMENTS:
+        need = [("window_" + align) if f == "window" else ("alibi_top_left" if align == "top_left" else "alibi")
+                for f in features]
+        if allows(*need):
+            out.append(align)
+    return tuple(out)
 
 
 @st.composite
@@ -670,8 +682,12 @@ def variant_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, 
     """Any mixture of the variants (window, softcap, ALiBi, sinks), at least one, on top of `cases`."""
     case = draw(cases(max_len=max_len, dtypes=dtypes, grad=grad, layouts=layouts, **switches))
     lk = case.shape["Lk"]
-    on = draw(st.lists(st.sampled_from(("window", "softcap", "alibi", "sinks") if sinks else
-                                       ("window", "softcap", "alibi")), min_size=1, max_size=4, unique=True))
+    offered = tuple(f for f in (("window", "softcap", "alibi", "sinks") if sinks else ("window", "softcap", "alibi"))
+                    if {"window": bool(variant_alignments("window")), "alibi": bool(variant_alignments("alibi")),
+                        "softcap": allows("softcap"), "sinks": allows("sinks")}[f])
+    if not offered:          # the implementation declares none of the variants: a plain case
+        return case
+    on = draw(st.lists(st.sampled_from(offered), min_size=1, max_size=len(offered), unique=True))
     changes: dict = {}
     if "window" in on:
         changes["window"] = (_window_side(draw, lk), _window_side(draw, lk))
@@ -680,7 +696,8 @@ def variant_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, 
     if "alibi" in on:
         changes["alibi_slopes"] = draw(alibi_slopes(case))
     if changes:
-        changes["window_align"] = draw(st.sampled_from(ALIGNMENTS))
+        aligns = variant_alignments(*[f for f in ("window", "alibi") if f in on]) or ALIGNMENTS
+        changes["window_align"] = draw(st.sampled_from(aligns))
         case = case.replace(**changes)
     if "sinks" in on:
         case = case.replace(sinks=draw(sink_values(case)))
