@@ -155,8 +155,9 @@ def load(backend: str, *, device: str = "cpu", kernel: str | None = None,
             raise UsageError(f"unknown --impl {', '.join(sorted(unknown))} for {backend} on {device}; "
                              f"available: {', '.join(names) or 'none'}")
         adapters = [a for a in adapters if a.name in wanted]
-    else:           # an implementation too slow for a default run is tested only when named with --impl
-        adapters = [a for a in adapters if not getattr(a, "opt_in", "")]
+    else:           # an implementation too slow for a default run is tested only when named (registry.py)
+        slow = {name for name, _ in getattr(BACKENDS.get(backend), "opt_in", ())}
+        adapters = [a for a in adapters if a.name not in slow]
     if not adapters:
         raise UsageError(f"backend {backend!r} has no implementation that runs on {device!r}")
     return adapters

@@ -99,7 +99,6 @@ class Implementation:
     scope_source: str = "built-in"      # where the scope came from: "built-in", "full convention", an attribute, a file
     trusted: bool = True                # False for third-party kernels
     example_budget: float = 1.0         # fraction of Hypothesis examples (e.g. < 1 where each new shape compiles)
-    opt_in: str = ""                    # non-empty (the measured reason): run only when named with --impl
 
     def __init__(self, device: str = "cpu"):
         self.device = device

@@ -42,6 +42,9 @@ class Backend:
     extra: str | None = None                  # attnconf's optional-dependency name
     origin: str = "attnconf"                  # "attnconf", or the distribution that registered it
     note: str = ""                            # why it is not usable, for entry points that failed
+    # implementations too slow for a default run, with the measured reason: a run tests them only when
+    # --impl names them; `make report` runs each in a process of its own
+    opt_in: tuple[tuple[str, str], ...] = ()
 
     @property
     def install_hint(self) -> str:
@@ -120,14 +123,18 @@ _JAX = "jax[cpu]"
 # The built-in backends, in the order reports list them.
 BUILTIN: tuple[Backend, ...] = (
     Backend("numpy", "attnconf.adapters.numpy", ("numpy", "ml_dtypes"), (), ("cpu",)),
-    Backend("torch", "attnconf.adapters.torch", ("torch",), (_TORCH,), ("cpu", "cuda"), "torch"),
+    Backend("torch", "attnconf.adapters.torch", ("torch",), (_TORCH,), ("cpu", "cuda"), "torch",
+            opt_in=(("torch:flex", "flex_attention on CPU compiles every new shape (0.2-1.2 s each): 156 s of a 210 s "
+                                   "ci run of the torch backend, measured on a quiet 2-core CPU"),)),
     Backend("jax", "attnconf.adapters.jax", ("jax",), (_JAX, "flax"), ("cpu", "gpu"), "jax"),
     Backend("tensorflow", "attnconf.adapters.tensorflow", ("tensorflow",), ("tensorflow-cpu",), ("cpu", "gpu"),
             "tensorflow"),
     Backend("onnx", "attnconf.adapters.onnx", ("onnx", "onnxruntime"), ("onnx", "onnxruntime"), ("cpu",), "onnx"),
     Backend("tinygrad", "attnconf.adapters.tinygrad", ("tinygrad",), ("tinygrad",), ("cpu",), "tinygrad"),
     Backend("transformers", "attnconf.adapters.transformers", ("transformers", "torch"), ("transformers", _TORCH),
-            ("cpu", "cuda"), "transformers"),
+            ("cpu", "cuda"), "transformers",
+            opt_in=(("transformers:flex", "torch.compile'd flex_attention compiles every new graph to C++ (5-60 s "
+                                          "each here): 3 min 54 s cold for its ci run"),)),
     Backend("flax", "attnconf.adapters.flax", ("flax", "jax"), ("flax", _JAX), ("cpu", "gpu"), "flax"),
     Backend("equinox", "attnconf.adapters.equinox", ("equinox", "jax"), ("equinox", _JAX), ("cpu", "gpu"), "equinox"),
 )

@@ -512,8 +512,6 @@ class FlexAdapter(TransformersAdapter):
     # At 0.04 (one example per property test) the ci run of transformers:flex alone took 3 min 54 s with a cold
     # inductor cache and 50 s with a warm one (load average 3-5 on 2 cores: noisy).
     example_budget = 0.04
-    opt_in = ("inductor compiles every new graph to C++ (5-60 s each here; the ci run took 3 min 54 s cold), past "
-              "the 90 s a default backend run may take; run it with --impl=transformers:flex")
     # torch 2.13's compiled CPU flex_attention raises for float64 ("`torch.float` , `torch.float16` and
     # `torch.bfloat16` are supported in FlexAttention for CPU device").
     dtypes = ("float32", "float16", "bfloat16")

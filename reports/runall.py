@@ -26,8 +26,24 @@ def installed() -> list[str]:
     return [name for name, b in REGISTRY.items() if b.installed()]
 
 
-def run_backend(backend: str, device: str, runs: Path, profile: str, extra: list[str]) -> tuple[int, float, Path]:
-    path = runs / f"{backend}-{device}.json"
+def jobs(backends: list[str]) -> list[tuple[str, str | None]]:
+    """(backend, implementation) per process: each backend's default implementations together, then
+    each of its opt-in implementations (registry.py: too slow for a default run) alone."""
+    from attnconf.adapters.registry import REGISTRY
+
+    out: list[tuple[str, str | None]] = []
+    for b in backends:
+        out.append((b, None))
+        out += [(b, name) for name, _ in getattr(REGISTRY.get(b), "opt_in", ())]
+    return out
+
+
+def run_backend(backend: str, device: str, runs: Path, profile: str, extra: list[str],
+                impl: str | None = None) -> tuple[int, float, Path]:
+    label = backend if impl is None else impl.replace(":", "-")
+    path = runs / f"{label}-{device}.json"
+    if impl is not None:
+        extra = [f"--impl={impl}", *extra]
     cmd = [sys.executable, "-m", "pytest", "conformance", f"--backend={backend}", f"--device={device}",
            f"--hypothesis-profile={profile}", f"--report={path}", "-q", "-rN", "-p", "no:cacheprovider", *extra]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1"),
@@ -57,21 +73,22 @@ def main(argv: list[str] | None = None) -> int:
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     summary = []
-    for backend in [b for b in args.backends.split(",") if b]:
-        print(f"[{backend}] running the conformance suite on {args.device} ...", flush=True)
-        code, secs, path = run_backend(backend, args.device, runs, args.profile, extra)
+    for backend, impl in jobs([b for b in args.backends.split(",") if b]):
+        label = impl or backend
+        print(f"[{label}] running the conformance suite on {args.device} ...", flush=True)
+        code, secs, path = run_backend(backend, args.device, runs, args.profile, extra, impl)
         verdict = "no run file"
         if path.exists():
             try:
                 verdict = json.loads(path.read_text())["verdict"]["verdict"]
             except (ValueError, KeyError):
                 verdict = "unreadable run file"
-        summary.append((backend, verdict, code, secs))
+        summary.append((label, verdict, code, secs))
     files = sorted(str(p) for p in runs.glob(f"*-{args.device}.json"))
     merged = subprocess.run([sys.executable, "-m", "attnconf.reports", "merge", "--out", str(out), *files], cwd=ROOT)
-    print("\nbackend      verdict                          exit   seconds")
-    for backend, verdict, code, secs in summary:
-        print(f"{backend:<12} {verdict:<32} {code:>4} {secs:>9.1f}")
+    print("\nrun                 verdict                          exit   seconds")
+    for label, verdict, code, secs in summary:
+        print(f"{label:<19} {verdict:<32} {code:>4} {secs:>9.1f}")
     print(f"\nmatrix: {out / 'README.md'}\nHTML:   {out / 'index.html'}")
     if merged.returncode:
         return merged.returncode
