@@ -117,6 +117,16 @@ def overflowing_logit_rows(case) -> np.ndarray:
 
 
 @region
+def large_logit_rows(case) -> np.ndarray:
+    """Rows whose largest visible |logit| is at least 1000, where one float32 rounding of a logit
+    (ulp >= 6e-5) moves its weight by that much relative: kernels that form exp2(s log2 e) or rescale
+    online round the logits more often than the naive baseline does."""
+    f = oracle(case)
+    with np.errstate(invalid="ignore"):
+        return (np.where(f.visible, np.abs(f.logits), 0.0) >= 1000.0).any(axis=-1)
+
+
+@region
 def masked_logit_beats_finite_mask_bias(case) -> np.ndarray:
     """Rows where a hidden key's logit exceeds the row's largest visible logit by more than
     32768 - 40: a kernel that applies a boolean mask as a finite bias of about -32768 (float16's

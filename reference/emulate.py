@@ -30,16 +30,23 @@ from .case import Case, numpy_dtype
 
 SCALINGS = ("q", "logits", "sqrt")
 NORMALISATIONS = ("divide", "reciprocal", "late")
-ACCUMULATIONS = ("ascending", "descending", "blas")
+ACCUMULATIONS = ("ascending", "descending", "blas", "tiled")
+LOG2E = np.float32(1.4426950408889634)
 VARIANTS = tuple(itertools.product(SCALINGS, NORMALISATIONS, ACCUMULATIONS))
 
 
 def seq_matmul(a: np.ndarray, b: np.ndarray, order: str = "ascending") -> np.ndarray:
     """a @ b in float32, accumulated sequentially over the shared axis (ascending or descending
-    index), or by NumPy's BLAS ("blas": blocked, fused multiply-add)."""
+    index), by NumPy's BLAS ("blas": blocked, fused multiply-add), or "tiled": ascending for even and
+    descending for odd output columns, as a tiled kernel whose edge tiles take another code path sums
+    the dot products of neighbouring keys in different orders (identical keys then get logits one
+    rounding apart, which a single order never shows)."""
     a, b = a.astype(np.float32), b.astype(np.float32)
     if order == "blas":
         return np.matmul(a, b)
+    if order == "tiled":
+        asc, desc = seq_matmul(a, b, "ascending"), seq_matmul(a, b, "descending")
+        return np.where(np.arange(asc.shape[-1]) % 2 == 0, asc, desc).astype(np.float32)
     prod = (a[..., :, :, None] * b[..., None, :, :]).astype(np.float32)      # (..., M, K, N)
     if prod.shape[-2] == 0:
         return np.zeros(prod.shape[:-2] + prod.shape[-1:], np.float32)
@@ -137,7 +144,10 @@ def naive_softmax_parts(case: Case, scaling: str, acc: str, dtype: str):
             sink = case.sinks.astype(f32)[None, :, None, None]
             m = np.maximum(m, sink).astype(f32)
         m = np.where(np.isneginf(m), f32(0), m).astype(f32)
-        p = np.where(vis, np.exp(s - m), f32(0)).astype(f32)
+        if acc == "tiled":           # flash-style kernels exponentiate in base 2: exp2(s log2 e - m log2 e)
+            p = np.where(vis, np.exp2((s * LOG2E).astype(f32) - (m * LOG2E).astype(f32)), f32(0)).astype(f32)
+        else:
+            p = np.where(vis, np.exp(s - m), f32(0)).astype(f32)
         if case.sinks is not None:   # the sink is the row's last term: sequential sum over [p, exp(sink - m)]
             p_sink = np.broadcast_to(np.exp(sink - m), p.shape[:-1] + (1,)).astype(f32)
             l = np.cumsum(np.concatenate([p, p_sink], axis=-1), axis=-1, dtype=f32)[..., -1:]

@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmatrix: {out / 'README.md'}\nHTML:   {out / 'index.html'}")
     if merged.returncode:
         return merged.returncode
-    # Divergences are a verdict, not an error; a failing backend is.
-    return max((1 for _, v, code, _ in summary if v == "NONCONFORMANT" or code not in (0, 1)), default=0)
+    # A verdict, NONCONFORMANT included, is what the report is for; a run that left no run file is an error.
+    return max((1 for _, v, _, _ in summary if v in ("no run file", "unreadable run file")), default=0)
 
 
 if __name__ == "__main__":
