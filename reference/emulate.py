@@ -15,7 +15,7 @@ the spec leaves open: where the scale is applied (Q, logits, or sqrt(scale) on
 both Q and K) times how rows are normalised (divide the weights, multiply by
 the reciprocal of the sum, or divide the output after P V) times the order in
 which dot products are summed (ascending, descending, or BLAS-blocked). The
-baseline error of an element is the largest error any of these 27 naive
+baseline error of an element is the largest error any of these 36 naive
 variants makes: a fair yardstick must not depend on an order the spec leaves
 open, and one sample of rounding error is too noisy to be one.
 """
