@@ -297,6 +297,50 @@ def _bounded(entry, case, res, masks) -> Verdict:
     return Verdict(True)
 
 
+@alternative("recomputed_weights_float32", GRADIENTS, numeric=True)
+def _recomputed_weights_float32(entry, case, res, masks) -> Verdict:
+    """The backward of a kernel that recomputes P as exp(s - lse) from float32 logits and a float32 lse
+    (FlashAttention's backward): each weight is off by up to eps32 (|s_ij| + |lse_i| + 1) relative, and
+    that reaches dV = P^T dO and, through dS = P (dP - D), dQ and dK. The allowance of SPEC section 12
+    plus gamma times that propagated error, elementwise."""
+    from attnconf.reference.backward import backward, group_sum
+    from attnconf.reference.emulate_backward import gradient_baseline_error
+
+    if case.dtype == "float64" or case.grad_out is None or not res.grads:
+        return Verdict(False, "recomputed_weights_float32 describes half and float32 gradients only")
+    f = oracle(case)
+    ref = backward(case)
+    s = case.shape
+    hq, hkv = s["Hq"], s["Hkv"]
+    eps = float(np.finfo(np.float32).eps)
+    gamma = T.spec.tolerances()["float64"]["gamma"]
+    with np.errstate(all="ignore"):
+        lse = np.where(np.isfinite(f.lse), np.abs(f.lse), 0.0)[..., None]
+        rel = eps * (np.abs(np.where(f.visible, f.logits, 0.0)) + lse + 1.0)
+        dp_err = f.weights * rel                                               # |dP_ij| error of P
+        do = np.abs(case.grad_out)
+        v = np.abs(expand_kv(case.v, hq))
+        dpd = np.abs(do @ np.swapaxes(v, -1, -2)) + (do * np.abs(f.out)).sum(-1, keepdims=True)
+        dds = dp_err * dpd                                                     # |dS| error
+        sc = abs(case.effective_scale)
+        extra = {"dv": group_sum(np.swapaxes(dp_err, -1, -2) @ do, hkv),
+                 "dq": sc * dds @ np.abs(expand_kv(case.k, hq)),
+                 "dk": group_sum(sc * np.swapaxes(dds, -1, -2) @ np.abs(case.q), hkv)}
+    base = gradient_baseline_error(case)
+    mags = T.gradient_magnitudes(case)
+    c_max = T.spec.tolerances()["gradient"]["c_max"]
+    for name, add in extra.items():
+        if name not in masks or name not in res.grads:
+            continue
+        r = getattr(ref, name)
+        j = T.judge_arrays(np.broadcast_to(res.grads[name], r.shape), r, base[name] + gamma * add / c_max,
+                           case.dtype, quantity=f"{name} (weights recomputed in float32)", model="gradient",
+                           magnitude=mags[name], mask=masks[name])
+        if not j.ok:
+            return _judged(j)
+    return Verdict(True)
+
+
 @alternative("half_accumulation", ("out",), numeric=True)
 def _half_accumulation(entry, case, res, masks) -> Verdict:
     """c_max x the error of a naive implementation whose dot products accumulate in the case's own

@@ -56,9 +56,15 @@ def witness_status(impl, entry) -> tuple[str, str]:
         except (KernelError, Exception):
             return STALE, "the invalid call raises now"
         return DIVERGES, f"returned an output of shape {tuple(np.shape(out))}"
-    ok = adapter.supports_layer(case) if layer else adapter.supports(
-        case, need=frozenset({"grads"} if grads else ()) | ({"lse"} if "lse" in entry["quantities"]
-                                                           and "lse" in adapter.capabilities else set()))
+    try:
+        ok = adapter.supports_layer(case) if layer else adapter.supports(
+            case, need=frozenset({"grads"} if grads else ()) | ({"lse"} if "lse" in entry["quantities"]
+                                                               and "lse" in adapter.capabilities else set()))
+    except Exception as exc:    # the framework's own capability probe raised on the witness (e.g. torch's rank-1 mask)
+        first = str(exc).splitlines()[0][:160] if str(exc) else ""
+        if entry["instead"] == "raises":
+            return DIVERGES, f"raised {type(exc).__name__}: {first}"
+        return OTHER, f"the capability probe raised {type(exc).__name__}: {first}"
     if ok is not True:
         return UNRUNNABLE, str(ok)
     try:
