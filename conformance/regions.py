@@ -169,11 +169,15 @@ def rank1_mask(case) -> bool:
     return case.mask is not None and case.mask.ndim == 1
 
 
-@case_region
-def nonpositive_scale_is_causal(case) -> bool:
-    """A custom scale <= 0 with top-left causal masking alone (what reaches SDPA as is_causal=True)."""
-    return (case.scale is not None and case.scale <= 0 and case.causal == "top_left" and case.mask is None
-            and case.bias is None and case.q_lengths is None and case.kv_lengths is None)
+@region
+def nonpositive_scale_is_causal(case) -> bool | np.ndarray:
+    """With a custom scale <= 0 and top-left causal masking alone (what reaches SDPA as is_causal=True),
+    the rows that causal masking hides some key from (a kernel that fills the mask's -inf before scaling
+    turns it into +inf or NaN there; rows that see every key are unaffected)."""
+    if not (case.scale is not None and case.scale <= 0 and case.causal == "top_left" and case.mask is None
+            and case.bias is None and case.q_lengths is None and case.kv_lengths is None):
+        return False
+    return ~oracle(case).visible.all(axis=-1)
 
 
 @case_region
