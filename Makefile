@@ -8,7 +8,6 @@ LOCK    := requirements.lock
 STAMP   := .venv/.attnconf-setup-2
 export OPENBLAS_NUM_THREADS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
-export PYTHONDONTWRITEBYTECODE = 1
 
 .PHONY: setup lock report test test-own test-install test-suites test-catalogue long clean
 

@@ -6,6 +6,8 @@ head), GQA, per-sequence lengths and custom scales; `scope_fit.fit` turns off wh
 implementation does not declare, so a flash-attention-convention kernel gets windows and
 ALiBi and an SDPA kernel gets causal and padding. Outputs and, where the kernel has them,
 gradients are judged by the tolerance model of section 12.
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ block), so it gets its own strategy: Lk up to 4096 in every run, up to 32768 wit
 up to 8; per-sequence kv lengths; bottom-right alignment (the query on the last key), windows,
 softcap, ALiBi and sinks. At Lq = 1 the dense reference costs O(Lk) and is used directly (the tiled
 reference agrees with it to 1e-12: tests/test_reference_tiled_variants.py).
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 

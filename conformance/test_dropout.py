@@ -17,6 +17,8 @@ bounded independent samples at every N (no normal approximation): with
 alpha = [statistics] alpha split in three (binomial, pooled sum, and the entries
 with Bonferroni over them), a correct kernel fails an example with probability
 below alpha = 1e-6.
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 

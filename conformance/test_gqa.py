@@ -7,6 +7,8 @@ separately Hkv = 1 (MQA), which some backends reject or mis-broadcast. The GQA
 run and the run with K and V expanded to Hq heads (plain multi-head attention)
 are each judged against the reference of their own case; the two references
 are the same numbers, so the runs agree within the sum of their allowances.
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 

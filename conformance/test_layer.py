@@ -3,6 +3,8 @@
 Layer implementations (torch nn.MultiheadAttention, Keras MultiHeadAttention,
 flax nnx) are loaded with the spec's weights and compared with
 `reference.layer.mha` under the tolerance model.
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 import numpy as np
 from hypothesis import strategies as hst

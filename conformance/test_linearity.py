@@ -6,6 +6,8 @@ correct kernel and are broken by typical defects: linearity in V (a kernel that
 normalises or clamps V breaks it), the convex hull (a denominator that counts
 masked keys, or a missing max-subtraction, pushes rows outside the range of
 their values) and uniform weights for identical keys (the row is the plain mean).
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 Both run only when asked (`--long`, `--measure-memory`): they take minutes, and
 the dense reference cannot reach these lengths at all.
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 import tracemalloc
 

@@ -7,6 +7,8 @@ wrong merge. So besides comparing the lse with the reference, the suite splits a
 cut points (empty chunks included), runs the kernel on each chunk, merges with `merge_partials`, and
 requires the whole case's reference within the error the chunks' own allowances propagate to (SPEC
 section 23).
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ these tests as unsupported. The cache layout is part of the case (`packing`: pag
 block_seed, spare_blocks, new_keys; adapters/conventions/flash_attn_kvcache.py), so each
 property compares two layouts of one problem. Where appended keys land is checked by the
 adapter after every call (a ConventionViolation of ATTN-PAGED-3).
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 

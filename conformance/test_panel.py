@@ -4,6 +4,8 @@ Hypothesis draws different cases on different backends, so cross-backend
 agreement is measured on this fixed panel instead. Outputs are recorded as
 they are (no divergence is skipped here): the pairwise table is what a user
 porting a model between frameworks needs to see, differences included.
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 import base64
 

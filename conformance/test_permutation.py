@@ -8,6 +8,8 @@ is judged against the reference of its own case (the references themselves
 are exactly related by the permutation), never against the other run bitwise.
 Causal masking is positional and excluded; so is query padding (PROP-1) and
 all padding (PROP-2), which are positional too.
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ sink, so a sink counted as a key with a value (an extra V row), a sink left out 
 scaled by the softmax scale or capped, or a sink applied once per KV head instead of per query head
 all fail it; a sink far below the row's lse must change nothing; a row with no visible key outputs 0
 and its lse is the sink.
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 

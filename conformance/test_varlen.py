@@ -7,6 +7,8 @@ index with its place in the pack, or that sizes one sequence by another
 (flash-attention#1192 used the global max_seqlen where a sequence's own length belonged),
 is caught by the reference comparison, and one that lets sequences see each other by the
 bitwise independence check.
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ ATTN-PROP-3), and a convex combination of 0/1 values cannot be negative
 model of the V = ones and one-hot cases; the entropy bound of ATTN-PROP-5 gets
 exactly the slack that the model's per-entry allowance implies
 (|H(p) - H(p')| <= sum_j phi(|p_j - p'_j|), phi(t) = -t log t).
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ Window bugs are off-by-one bugs: a bound that is exclusive where the spec says i
 with the reference, the bounds themselves are probed: with Q = 0 every visible key of a row has weight
 1/|J|, and with V = the identity the output row is the weight row, so the key at each inclusive bound
 must carry 1/|J| and the key one past it exactly 0 (ATTN-W-2).
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 
