@@ -413,7 +413,7 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
         masks = {q: m & ~exempt[q] if q in exempt else m for q, m in a.masks(case, res).items()}
         if not any(m.any() for m in masks.values()):
             continue
-        verdict = alternatives.check(a.entry, case, res, masks)
+        verdict = alternatives.check(a.entry, case, res, masks, as_dtype=precision_of(applied, case))
         if not verdict.ok:
             raise ConformanceFailure(a.entry["clause"], f"{a.id}: {verdict.detail}", case, adapter.name)
         if verdict.detail:          # the covered elements conform to the spec itself: nothing diverged here
@@ -426,6 +426,14 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
         _substitute(res, case, exempt)
     rec.note_ran()
     return res
+
+
+def precision_of(applied: list, case) -> str | None:
+    """float32 when an applied entry says the implementation is float32-accurate on this float64 case:
+    the other entries' alternatives are then judged at that precision too."""
+    if getattr(case, "dtype", None) == "float64" and any(a.instead == "float32_precision" for a in applied):
+        return "float32"
+    return None
 
 
 def by_specificity(applied: list) -> list:

@@ -86,6 +86,16 @@ def mask_emptied_rows(case) -> np.ndarray:
 
 
 @region
+def mask_emptied_rows_within_q_lengths(case) -> np.ndarray:
+    """mask_emptied_rows that are not padded query rows (i < q_lengths[b]): for an API that zeroes
+    the rows beyond a query length but fills other empty rows with a finite mask value."""
+    rows = mask_emptied_rows(case)
+    if is_layer(case):
+        return rows
+    return rows & ~padded_query_rows(case)
+
+
+@region
 def bias_emptied_rows(case) -> np.ndarray:
     """Empty rows in which no key is hidden by anything but -inf bias (or there is no key at all)."""
     if is_layer(case):
@@ -114,6 +124,26 @@ def overflowing_logit_rows(case) -> np.ndarray:
     with np.errstate(all="ignore"):
         raw = np.abs(np.einsum("bhid,bhjd->bhij", case.q, expand_kv(case.k, s["Hq"])))
     return (raw > 65504.0).any(axis=-1)
+
+
+@region
+def lse_beyond_float16_rows(case) -> np.ndarray:
+    """float16 rows whose reference |lse| exceeds float16's max (65504): an lse returned in the
+    input dtype cannot hold it."""
+    s = case.shape
+    if case.dtype != "float16":
+        return np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(oracle(case).lse) & (np.abs(oracle(case).lse) > 65504.0)
+
+
+@region
+def softcap_beyond_float16_rows(case) -> np.ndarray:
+    """Rows that see a key, in float16 cases whose softcap rounds to +inf in float16 (c >= 65520)."""
+    s = case.shape
+    if case.dtype != "float16" or case.softcap is None or float(case.softcap) < 65520.0:
+        return np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    return oracle(case).visible.any(axis=-1)
 
 
 @region
@@ -181,9 +211,15 @@ def nonpositive_scale_is_causal(case) -> bool | np.ndarray:
 
 
 @case_region
-def single_query_single_key(case) -> bool:
-    """Lq = Lk = 1: the products degenerate to elementwise ones."""
-    return case.shape["Lq"] == 1 and case.shape["Lk"] == 1
+def degenerate_products(case) -> bool:
+    """B = Hkv = 1 and two of the three extents of Q K^T (G Lq, Dk, Lk) or of P V (G Lq, Lk, Dv) are 1,
+    with G = Hq / Hkv query heads per KV head: a product that is one vector dot product, or a vector
+    times a scalar."""
+    s = case.shape
+    if s["B"] != 1 or s["Hkv"] != 1:
+        return False
+    m = s["Lq"] * (s["Hq"] // s["Hkv"])
+    return max(sum(n == 1 for n in dims) for dims in ((m, s["Dk"], s["Lk"]), (m, s["Lk"], s["Dv"]))) >= 2
 
 
 @case_region

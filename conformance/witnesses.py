@@ -119,6 +119,15 @@ def bfloat16_grad_one_by_one() -> Case:
 
 
 @witness
+def float16_lse_beyond_range() -> Case:
+    """float16, one key per row with a scaled logit of 7e4: the lse (7e4) is beyond float16's range."""
+    q = np.full((1, 1, 2, 8), 100.0)
+    k = np.full((1, 1, 1, 8), 87.5)
+    v = np.ones((1, 1, 1, 8))
+    return Case.build(q, k, v, scale=1.0, dtype="float16")
+
+
+@witness
 def float64_precision() -> Case:
     """Ordinary float64 inputs: float32-accurate arithmetic misses the float64 bound by far."""
     q, k, v = _qkv(np.random.default_rng(2), lq=8, lk=8)

@@ -97,3 +97,11 @@ def onnx_negative_scale_f64() -> Case:
     """onnx_negative_scale in float64 (onnxruntime runs float64 Attention through its function body)."""
     q, k, v = _qkv(21)
     return Case.build(q, k, v, scale=-0.35, dtype="float64")
+
+
+@witness
+def onnx_f16_softcap_beyond_range() -> Case:
+    """float16 with softcap 1e6 (beyond float16's 65504), ordinary logits: the cap changes nothing."""
+    q, k, v = _qkv(31, h=2)
+    return Case.build(q, k, v, softcap=1e6, dtype="float16")
+
