@@ -52,3 +52,33 @@ def nan_rows_output(case: Case) -> dict[str, np.ndarray]:
     from attnconf.reference import oracle  # noqa: PLC0415
 
     return {"out": np.where(nan_rows(case)[..., None], np.nan, oracle(case).out)}
+
+
+def single_key_weight_one(case: Case) -> dict[str, np.ndarray]:
+    """Forward and gradients when the only key (Lk = 1) of a row is hidden: tinygrad's softmax over an
+    axis of one element is 1 whatever the logit (-inf included), so the row outputs V of that key,
+    its dQ is 0, it adds nothing to dK (dS = P (dP - rowsum) = 0) and adds its dO to dV; dBias of
+    the row is 0. Measured (float64, Lq = 2, Lk = 1, hidden by mask, -inf bias, bottom-right causal
+    and kv_len 0 alike): out rows equal V, dq = 0, dk = 0, dv = the sum of dO over the rows."""
+    from attnconf.reference import expand_kv, oracle  # noqa: PLC0415
+    from attnconf.reference.backward import group_sum  # noqa: PLC0415
+
+    from .regions_tinygrad import single_key_empty_rows  # noqa: PLC0415
+
+    rows = np.asarray(single_key_empty_rows(case), dtype=bool)
+    s = case.shape
+    ve = expand_kv(case.v, s["Hq"])                                  # (B, Hq, 1, Dv)
+    out = np.where(rows[..., None], ve, oracle(case).out)
+    expected = {"out": out}
+    if case.grad_out is not None:
+        ref = backward(case)
+        w = rows[..., None].astype(np.float64)                          # (B, Hq, Lq, 1)
+        extra = group_sum(np.swapaxes(w, -1, -2) @ case.grad_out, s["Hkv"])
+        expected.update({"dq": np.where(rows[..., None], 0.0, ref.dq), "dk": ref.dk, "dv": ref.dv + extra})
+        if case.bias is not None and ref.dbias is not None:
+            expected["dbias"] = ref.dbias
+    return expected
+
+
+# expected-value alternatives registered by alternatives.load_all
+ALTERNATIVES = {"single_key_weight_one": single_key_weight_one}

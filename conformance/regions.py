@@ -116,14 +116,40 @@ def padded_query_rows(case) -> np.ndarray:
 
 @region
 def overflowing_logit_rows(case) -> np.ndarray:
-    """float16 rows where some unscaled |q.k| exceeds float16's max (65504), at a visible or a
-    hidden key: computing Q K^T in float16 before scaling overflows there."""
+    """float16 rows where some unscaled q.k exceeds float16's max (65504), at a visible or a
+    hidden key: computing Q K^T in float16 before scaling gives +inf there, which no finite or
+    -inf addend removes. (A dot product below -65504 becomes -inf: a weight of 0, harmless.)"""
+    return (_raw_logits_f16(case) > 65504.0).any(axis=-1)
+
+
+def _raw_logits_f16(case) -> np.ndarray:
+    """The unscaled q.k of a float16 case (B, Hq, Lq, Lk), -inf everywhere for other dtypes."""
+    s = case.shape
+    if case.dtype != "float16":
+        return np.full((s["B"], s["Hq"], s["Lq"], s["Lk"]), -np.inf)
+    with np.errstate(all="ignore"):
+        return np.einsum("bhid,bhjd->bhij", case.q, expand_kv(case.k, s["Hq"]))
+
+
+@region
+def overflowing_logit_rows_outside_mask(case) -> np.ndarray:
+    """float16 rows where some unscaled q.k exceeds float16's max at a key the boolean mask (or
+    causal alignment, padding) does not hide: an API that replaces masked logits with a finite
+    negative (tf.where) discards the +inf there, but not at a visible or a bias-hidden key."""
+    return ((_raw_logits_f16(case) > 65504.0) & ~mask_hidden_keys(case)).any(axis=-1)
+
+
+@region
+def half_dot_overflow_rows_outside_mask(case) -> np.ndarray:
+    """float16 rows with a key the boolean mask (causal alignment, padding) does not hide where
+    sum_d |q_d k_d| exceeds float16's max: a dot product accumulated in float16 can pass +-65504 in a
+    product or a partial sum there, in some summation order, even when the whole q.k does not."""
     s = case.shape
     if case.dtype != "float16":
         return np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
     with np.errstate(all="ignore"):
-        raw = np.abs(np.einsum("bhid,bhjd->bhij", case.q, expand_kv(case.k, s["Hq"])))
-    return (raw > 65504.0).any(axis=-1)
+        reach = np.einsum("bhid,bhjd->bhij", np.abs(case.q), np.abs(expand_kv(case.k, s["Hq"])))
+    return ((reach > 65504.0) & ~mask_hidden_keys(case)).any(axis=-1)
 
 
 @region

@@ -22,6 +22,16 @@ def negative_scale(case: Case) -> bool:
     return scale is not None and scale < 0
 
 
+@region
+def negative_scale_rows_seeing_a_key(case: Case) -> np.ndarray:
+    """In a case with a custom scale below 0, the rows that see a key: a row the mask empties is
+    zeroed whatever its logits (measured: onnx's reference and onnxruntime's float64 body give 0 there)."""
+    if not negative_scale(case):
+        s = case.shape
+        return np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    return oracle(case).visible.any(axis=-1)
+
+
 @case_region
 def nonpositive_scale(case: Case) -> bool:
     """A custom scale of 0 or below: onnxruntime's Attention kernel enforces `scale > 0`."""

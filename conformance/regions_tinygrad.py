@@ -29,9 +29,30 @@ def _rows_shape(case: Case) -> tuple[int, int, int]:
 
 
 def empty_rows(case: Case) -> np.ndarray:
-    """(B, Hq, Lq): rows that see no key (mask, -inf bias, causal alignment, padding)."""
+    """(B, Hq, Lq): rows that see no key (mask, -inf bias, causal alignment, padding), in cases with
+    more than one key; with a single key tinygrad's softmax gives that key weight 1 whatever hides it
+    (`single_key_empty_rows`)."""
+    if case.shape["Lk"] == 1:
+        return np.zeros(_rows_shape(case), dtype=bool)
     vis = oracle(case).visible
     return np.broadcast_to(~vis.any(axis=-1), _rows_shape(case)).copy()
+
+
+@region
+def single_key_empty_rows(case: Case) -> np.ndarray | bool:
+    """Rows that see no key in cases with Lk = 1 (mask, -inf bias, causal alignment, padding), without dropout."""
+    if hasattr(case, "num_heads") or case.shape["Lk"] != 1 or case.dropout_p:
+        return False
+    vis = oracle(case).visible
+    return np.broadcast_to(~vis.any(axis=-1), _rows_shape(case)).copy()
+
+
+@region
+def fully_masked_rows_of_several_keys(case: Case) -> np.ndarray | bool:
+    """Rows that see no key, in cases with Lk > 1 (where tinygrad's softmax gives them NaN)."""
+    if hasattr(case, "num_heads"):
+        return False
+    return empty_rows(case)
 
 
 def float16_overflow_rows(case: Case) -> np.ndarray:

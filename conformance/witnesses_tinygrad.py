@@ -23,3 +23,22 @@ def float16_scaled_logit_overflow() -> Case:
     q[0, 0, 0, :] = 130.0
     k[0, 0, 0, :] = 130.0
     return Case.build(q, k, v, dtype="float16")
+
+
+@witness
+def single_key_hidden_row() -> Case:
+    """Lk = 1, float64: the mask hides the only key from row 1 of 2 (row 0 sees it)."""
+    rng = np.random.default_rng(0)
+    q, k, v = rng.normal(size=(1, 1, 2, 8)), rng.normal(size=(1, 1, 1, 8)), rng.normal(size=(1, 1, 1, 8))
+    mask = np.array([True, False]).reshape(1, 1, 2, 1)
+    return Case.build(q, k, v, mask=mask, grad_out=rng.normal(size=(1, 1, 2, 8)), dtype="float64")
+
+
+@witness
+def fully_masked_row_dropout() -> Case:
+    """fully_masked_row (row 1 of 4 sees none of its 6 keys) with dropout_p = 0.5 and seed 3."""
+    rng = np.random.default_rng(1)
+    q, k, v = rng.normal(size=(1, 1, 4, 8)), rng.normal(size=(1, 1, 6, 8)), rng.normal(size=(1, 1, 6, 8))
+    mask = np.ones((1, 1, 4, 6), dtype=bool)
+    mask[..., 1, :] = False
+    return Case.build(q, k, v, mask=mask, dropout_p=0.5, seed=3, dtype="float32")

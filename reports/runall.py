@@ -1,9 +1,10 @@
 """The main job (`make report`): every installed backend, one process each, then the merge.
 
 Each backend runs `pytest conformance --backend=NAME --report=reports/runs/NAME-DEVICE.json`
-in its own process (one framework per process). Progress is printed as it
-goes; a backend that fails or crashes keeps its own record if it wrote one and
-never costs the others theirs; the merge runs on whatever run files exist.
+in its own process (one framework per process), `--jobs` of them at a time (default: one per CPU
+core; each backend's run is essentially single-threaded, so two cores run two backends in about the
+time of one). Progress is printed as it goes; a backend that fails or crashes keeps its own record
+if it wrote one and never costs the others theirs; the merge runs on whatever run files exist.
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,8 +41,16 @@ def jobs(backends: list[str]) -> list[tuple[str, str | None]]:
     return out
 
 
+_PRINT = threading.Lock()
+
+
+def _say(text: str, end: str = "\n") -> None:
+    with _PRINT:
+        print(text, end=end, flush=True)
+
+
 def run_backend(backend: str, device: str, runs: Path, profile: str, extra: list[str],
-                impl: str | None = None) -> tuple[int, float, Path]:
+                impl: str | None = None, progress: bool = True) -> tuple[int, float, Path]:
     label = backend if impl is None else impl.replace(":", "-")
     path = runs / f"{label}-{device}.json"
     if impl is not None:
@@ -55,10 +66,12 @@ def run_backend(backend: str, device: str, runs: Path, profile: str, extra: list
             ticks = re.fullmatch(r"([.FEsxXD]+)\s*(\[\s*\d+%\])?\s*", line.strip() + " ")
             if ticks:
                 done += len(ticks.group(1))
-                print(f"\r  {backend}: {done} tests done {ticks.group(2) or ''}", end="", flush=True)
+                if progress:
+                    _say(f"\r  {label}: {done} tests done {ticks.group(2) or ''}", end="")
             elif line.startswith(("verdict:", "ERROR", "FAILED", "  FAIL", "  CRASHED", "  TIMEOUT")):
-                print(f"\n  {backend}: {line.rstrip()}", flush=True)
-    print()
+                _say(f"\n  {label}: {line.rstrip()}" if progress else f"  {label}: {line.rstrip()}")
+    if progress:
+        _say("")
     return proc.returncode, time.time() - started, path
 
 
@@ -68,27 +81,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="ci")
     p.add_argument("--out", default=str(ROOT / "reports"))
     p.add_argument("--backends", default=",".join(installed()))
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="backends run at a time (default: the number of CPU cores)")
     args, extra = p.parse_known_args(argv)
     out = Path(args.out)
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    summary = []
-    for backend, impl in jobs([b for b in args.backends.split(",") if b]):
+    todo = jobs([b for b in args.backends.split(",") if b])
+    width = max(1, min(args.jobs, len(todo)))
+    started = time.time()
+
+    def one(job: tuple[str, str | None]) -> tuple[str, str, int, float]:
+        backend, impl = job
         label = impl or backend
-        print(f"[{label}] running the conformance suite on {args.device} ...", flush=True)
-        code, secs, path = run_backend(backend, args.device, runs, args.profile, extra, impl)
+        _say(f"[{label}] running the conformance suite on {args.device} ...")
+        code, secs, path = run_backend(backend, args.device, runs, args.profile, extra, impl, progress=width == 1)
         verdict = "no run file"
         if path.exists():
             try:
                 verdict = json.loads(path.read_text())["verdict"]["verdict"]
             except (ValueError, KeyError):
                 verdict = "unreadable run file"
-        summary.append((label, verdict, code, secs))
+        if width > 1:
+            _say(f"[{label}] {verdict} (exit {code}) in {secs:.1f} s")
+        return label, verdict, code, secs
+
+    # The slowest jobs first, so that the last one to start is a short one (measured order, ci profile).
+    slow_first = ["jax", "transformers", "tinygrad", "tensorflow", "torch:flex", "flax", "onnx", "equinox", "torch"]
+    todo.sort(key=lambda j: slow_first.index(j[1] or j[0]) if (j[1] or j[0]) in slow_first else len(slow_first))
+    with ThreadPoolExecutor(max_workers=width) as pool:
+        summary = list(pool.map(one, todo))
     files = sorted(str(p) for p in runs.glob(f"*-{args.device}.json"))
     merged = subprocess.run([sys.executable, "-m", "attnconf.reports", "merge", "--out", str(out), *files], cwd=ROOT)
-    print("\nrun                 verdict                          exit   seconds")
+    print(f"\nrun                 verdict                          exit   seconds   ({width} at a time)")
     for label, verdict, code, secs in summary:
         print(f"{label:<19} {verdict:<32} {code:>4} {secs:>9.1f}")
+    print(f"{'all':<19} {'':<32} {'':>4} {time.time() - started:>9.1f}")
     print(f"\nmatrix: {out / 'README.md'}\nHTML:   {out / 'index.html'}")
     if merged.returncode:
         return merged.returncode

@@ -21,7 +21,8 @@ def _case(seed=0, B=2, H=2, Hkv=None, Lq=5, Lk=7, D=8, **kw) -> Case:
 
 @pytest.fixture(scope="module")
 def impls():
-    return {a.name: a for a in adapters.load("torch")}
+    default = adapters.load("torch")          # torch:flex is opt-in (registry.py): load it by name
+    return {a.name: a for a in (*default, *adapters.load("torch", impl="torch:flex"))}
 
 
 CASES = {

@@ -46,10 +46,15 @@ def suite(tmp_path: Path, *args: str, entries: str | None = None, timeout: int =
     return proc, json.loads(report.read_text())
 
 
+# A run expected to fail needs only the properties that see the bug: the whole suite would shrink a
+# failure in every cell (110 s for the tripled-logits kernel, measured) to show the same verdict.
+AGREEMENT = ("-k", "test_output_matches_reference")
+
+
 def test_a_bug_behind_a_declared_divergence_is_caught(tmp_path):
     """The kernel's empty rows are declared (mean of V); its other rows, wrong in exactly the cases that
     have an empty row, are still judged: NONCONFORMANT. A whole-case exemption passed it."""
-    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:MeanOfValuesTripledLogits",
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:MeanOfValuesTripledLogits", *AGREEMENT,
                       entries=EMPTY_MEAN.format(extra=""))
     assert run["verdict"]["verdict"] == "NONCONFORMANT", proc.stdout[-2000:]
     assert proc.returncode == 1
@@ -74,7 +79,7 @@ def test_a_divergence_is_checked_against_what_it_declares(tmp_path):
     """The same kernel with an entry that declares NaN rows instead of the mean: the rows do not do
     what the entry says, so the run fails on the entry's clause."""
     wrong = EMPTY_MEAN.format(extra="").replace('instead = "mean_of_values"', 'instead = "nan"')
-    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:MeanOfValues", entries=wrong)
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:MeanOfValues", *AGREEMENT, entries=wrong)
     assert run["verdict"]["verdict"] == "NONCONFORMANT"
     assert "ATTN-EMPTY-1" in run["verdict"]["failed_clauses"], run["verdict"]
     assert "does not behave as declared" in proc.stdout
@@ -84,7 +89,8 @@ def test_an_entry_whose_conditions_exclude_this_machine_is_inactive(tmp_path):
     """An entry that holds only on a CPU without SSE2 (none that runs this suite) does not apply: the
     kernel's empty rows are judged by the spec and fail; the entry is reported inactive, not stale."""
     entries = EMPTY_MEAN.format(extra='when = { cpu = "not sse2" }')
-    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:MeanOfValues", entries=entries)
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:MeanOfValues", "-k",
+                      "test_output_matches_reference or test_fully_masked_rows_are_zero", entries=entries)
     entry = run["divergences"][0]
     assert entry["holds"] is False and "sse2" in entry["condition"], entry
     assert run["verdict"]["verdict"] == "NONCONFORMANT" and "ATTN-EMPTY-1" in run["verdict"]["failed_clauses"]
@@ -126,7 +132,8 @@ def test_a_partial_selection_is_incomplete_and_names_the_missing_cells(tmp_path)
 
 
 def test_a_failure_in_one_dtype_leaves_the_others_judged(tmp_path):
-    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:HalfOnlyWrong", entries="")
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:HalfOnlyWrong", "-k",
+                      "test_output_matches_reference or test_effective_scale_is_declared", entries="")
     assert run["verdict"]["verdict"] == "NONCONFORMANT"
     cells = [c for c in run["cells"] if c["clause"] == "ATTN-OP-4"]
     by_dtype = {c["dtype"]: c["status"] for c in cells}
@@ -135,7 +142,8 @@ def test_a_failure_in_one_dtype_leaves_the_others_judged(tmp_path):
 
 
 def test_failed_clauses_are_the_clauses_that_failed(tmp_path):
-    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:WrongOutputDtype", entries="")
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:WrongOutputDtype", "-k",
+                      "test_agreement or test_output_shape_and_dtype or test_masks", entries="")
     v = run["verdict"]
     assert v["verdict"] == "NONCONFORMANT" and v["failed_clauses"] == ["ATTN-OP-5"], v["failed_clauses"]
     assert v["failures"][0]["replay"]
