@@ -39,7 +39,8 @@ def float16_logit_overflow_rows(case: Case) -> np.ndarray | bool:
         logits = case.effective_scale * np.einsum("bhid,bhjd->bhij", case.q, expand_kv(case.k, s["Hq"]))
     not_mask_hidden = visibility(full, mask=case.mask, causal=case.causal, q_lengths=case.q_lengths,
                                  kv_lengths=case.kv_lengths)
-    return ((np.abs(logits) > FLOAT16_MAX) & not_mask_hidden).any(axis=-1).view(Rows)
+    # only +inf poisons a row: a logit below -65504 becomes -inf, a weight of 0 (harmless)
+    return ((logits > FLOAT16_MAX) & not_mask_hidden).any(axis=-1).view(Rows)
 
 
 @region

@@ -38,6 +38,7 @@ class PlannedTest:
     clauses: tuple[str, ...]
     dtypes: tuple[str, ...] | None   # None: not split into dtype cells
     opt_in: bool = False         # runs only when asked for (--long, --measure-memory)
+    needs: tuple[str, ...] = ()  # features the property is about ("a|b": either); harness.for_cases
 
 
 def plan() -> list[PlannedTest]:
@@ -63,7 +64,8 @@ def plan() -> list[PlannedTest]:
             if fixture is None:
                 continue
             opt_in = any(m.name == "attnconf_opt_in" for m in marks)
-            out.append(PlannedTest(name, fixture, ids, getattr(fn, "attnconf_dtypes", None), opt_in))
+            out.append(PlannedTest(name, fixture, ids, getattr(fn, "attnconf_dtypes", None), opt_in,
+                                   tuple(getattr(fn, "attnconf_needs", ()))))
     return out
 
 
