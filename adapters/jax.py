@@ -179,9 +179,10 @@ class XlaAdapter(JaxSdpaAdapter):
 
     name = "jax:xla"
     implementation = "xla"
-    # Every new shape compiles under jit (measured: 119 of 138 s of a ci run is JAX itself); two thirds
-    # of the examples keep the ci run near 90 s. The thorough profile scales the count back up.
-    example_budget = 0.65
+    # Every new shape compiles under jit (0.17-0.19 s each on CPU) and float16 runs op by op (about
+    # 1.1 s per example, measured): a third of the examples, with the coverage floor shared among the
+    # tests that cite a clause (harness.cell_minimum). The thorough profile scales the count back up.
+    example_budget = 0.35
     devices = ("cpu", "gpu")
     dtypes = ("float64", "float32", "float16", "bfloat16")
     capabilities = _SDPA_CAPS | {"grads", "dbias", "lse"}
