@@ -372,8 +372,14 @@ class TransformersAdapter(Adapter):
                 mask, keys, values = self.mask(case, p, cfg, k, v, dtype)
                 if p.mode == "custom" and "dbias" in leaves and self.bias_in_custom_mask:
                     mask = self.with_bias(p, leaves["dbias"], dtype)
+                kw = self.kwargs(case, p, leaves)
+                n = keys.shape[-2]
+                if "position_bias" in kw and kw["position_bias"].shape[-1] > n:
+                    # a sliding layer's cache returns only the last n keys (the others are outside every window):
+                    # a model's position_bias covers the keys the layer attends to, so the bias of those n
+                    kw["position_bias"] = kw["position_bias"][..., -n:]
                 out, extra = fn(module, q, keys, values, mask, dropout=case.dropout_p, scaling=float(case.effective_scale),
-                                sliding_window=p.sliding_window, **self.kwargs(case, p, leaves))
+                                sliding_window=p.sliding_window, **kw)
             except Exception as exc:
                 raise KernelError(f"{self.name} raised {type(exc).__name__}: {_clean(str(exc))}") from exc
         out = out.transpose(1, 2)  # the functions return (B, Lq, Hq, Dv), ready for o_proj
@@ -452,7 +458,11 @@ class EagerAdapter(TransformersAdapter):
 
     def collect(self, res: Result, extra, case: Case) -> None:
         if isinstance(extra, torch.Tensor) and not case.dropout_p:
-            res.weights = to_numpy(extra)
+            w = to_numpy(extra)
+            lk = case.shape["Lk"]
+            if w.shape[-1] < lk:   # a sliding layer's cache evicted the first keys: outside the window, weight 0
+                w = np.concatenate([np.zeros(w.shape[:-1] + (lk - w.shape[-1],), dtype=w.dtype), w], axis=-1)
+            res.weights = w
 
 
 class EagerSoftcapAdapter(EagerAdapter):

@@ -98,13 +98,13 @@ def hf_masked_overflow_f16() -> Case:
     return Case.build(q, k, v, mask=keep, dtype="float16")
 
 
-def _sliding_window_one(lq: int) -> Case:
+def _sliding_window_one(lq: int, sinks: bool = False) -> Case:
     """float32, Lk = 4, window (0, 0) under bottom-right causal masking: `config.sliding_window = 1`, with the
     first 4 - Lq tokens already in the DynamicCache."""
     rng = np.random.default_rng(28)
     q, k, v = rng.normal(size=(1, 2, lq, 8)), rng.normal(size=(1, 2, 4, 8)), rng.normal(size=(1, 2, 4, 8))
     return Case.build(q, k, v, causal="bottom_right", window=(0, 0), dtype="float32",
-                      grad_out=rng.normal(size=(1, 2, lq, 8)))
+                      grad_out=rng.normal(size=(1, 2, lq, 8)), sinks=np.array([0.5, -1.0]) if sinks else None)
 
 
 @witness
@@ -117,6 +117,18 @@ def hf_sliding_window_one_prefill() -> Case:
 def hf_sliding_window_one_decode() -> Case:
     """Lq = 1 after 3 cached tokens: the 1-column mask broadcasts, the row attends to all 4 keys."""
     return _sliding_window_one(1)
+
+
+@witness
+def hf_sliding_window_one_prefill_sinks() -> Case:
+    """hf_sliding_window_one_prefill with sink logits (gpt-oss's eager function)."""
+    return _sliding_window_one(2, sinks=True)
+
+
+@witness
+def hf_sliding_window_one_decode_sinks() -> Case:
+    """hf_sliding_window_one_decode with sink logits (gpt-oss's eager function)."""
+    return _sliding_window_one(1, sinks=True)
 
 
 @witness
