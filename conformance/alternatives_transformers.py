@@ -42,6 +42,21 @@ def mask_hidden_keys(case: Case) -> np.ndarray:
                        window_align=case.window_align)
 
 
+def cache_evicted_keys(case: Case) -> np.ndarray:
+    """(Lk,) keys a sliding layer's DynamicCache no longer holds, so they are in no softmax at all (not even
+    with finfo.min): with window (w - 1, 0) (causal-like, `sliding_window = w >= 2`) and P = Lk - Lq cached
+    tokens, the cache keeps the last w - 1 of them, so keys j < P - (w - 1) are gone (w = 1 keeps every
+    key: TRANSFORMERS-SLIDING-WINDOW-1-CACHE)."""
+    s = case.shape
+    gone = np.zeros(s["Lk"], dtype=bool)
+    if case.window is None or tuple(case.window) == (-1, -1):
+        return gone
+    left, right = case.window
+    if (case.causal is not None or right == 0) and left >= 1:
+        gone[:max(0, s["Lk"] - s["Lq"] - left)] = True
+    return gone
+
+
 def empty_rows(case: Case) -> np.ndarray:
     """(B, Hq, Lq): rows that see no key."""
     return ~oracle(case).visible.any(axis=-1)
@@ -125,6 +140,7 @@ def finfo_min_mask_weights(case: Case) -> np.ndarray:
     with np.errstate(all="ignore"):
         x = round_to(_scaled_logits(case) + np.where(mask_hidden_keys(case), FINFO_MIN[case.dtype], bias),
                      "float64" if case.dtype == "float64" else "float32")
+        x = np.where(cache_evicted_keys(case), -np.inf, x)
     return np.nan_to_num(_softmax(x))
 
 
@@ -220,7 +236,7 @@ def eager_softmax_input(case: Case) -> np.ndarray:
     bias = np.zeros(full) if case.bias is None else r(np.broadcast_to(case.bias, full))
     with np.errstate(all="ignore"):
         x = r(_scaled_logits(case, r) + np.where(mask_hidden_keys(case), FINFO_MIN[dt], bias))
-    return round_to(x, "float32")
+    return np.where(cache_evicted_keys(case), -np.inf, round_to(x, "float32"))
 
 
 def eager_min_mask_weights(case: Case) -> np.ndarray:
