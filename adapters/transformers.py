@@ -372,8 +372,14 @@ class TransformersAdapter(Adapter):
                 mask, keys, values = self.mask(case, p, cfg, k, v, dtype)
                 if p.mode == "custom" and "dbias" in leaves and self.bias_in_custom_mask:
                     mask = self.with_bias(p, leaves["dbias"], dtype)
+                kw = self.kwargs(case, p, leaves)
+                n = keys.shape[-2]
+                if "position_bias" in kw and kw["position_bias"].shape[-1] > n:
+                    # a sliding layer's cache returns only the last n keys (the others are outside every window):
+                    # a model's position_bias covers the keys the layer attends to, so the bias of those n
+                    kw["position_bias"] = kw["position_bias"][..., -n:]
                 out, extra = fn(module, q, keys, values, mask, dropout=case.dropout_p, scaling=float(case.effective_scale),
-                                sliding_window=p.sliding_window, **self.kwargs(case, p, leaves))
+                                sliding_window=p.sliding_window, **kw)
             except Exception as exc:
                 raise KernelError(f"{self.name} raised {type(exc).__name__}: {_clean(str(exc))}") from exc
         out = out.transpose(1, 2)  # the functions return (B, Lq, Hq, Dv), ready for o_proj
@@ -436,6 +442,15 @@ class EagerAdapter(TransformersAdapter):
     capabilities = BASE_CAPS | {"weights", "grads", "dbias", "dropout"}
     source = "models/llama/modeling_llama.py eager_attention_forward"
 
+    def impl_support(self, case: Case, p: Plan) -> Literal[True] | str:
+        if case.dropout_p and case.dtype == "float64":
+            # The float64 softmax runs in float32 (TRANSFORMERS-EAGER-F64-SOFTMAX-F32): a float64 dropout call is
+            # float32-accurate, and a dropout output has no element-wise reference against which a precision
+            # divergence could be checked (the dropout tests hold kept weights to the float64 allowance).
+            return (f"{self.name}: dropout in float64 (the float64 softmax runs in float32, and a dropout output "
+                    f"cannot be judged against a precision divergence)")
+        return True
+
     def custom_mask(self, case: Case, p: Plan, dtype: torch.dtype):
         """transformers' eager convention (masking_utils.eager_mask): 0 where visible, finfo(dtype).min where hidden."""
         vis = torch.from_numpy(np.ascontiguousarray(p.custom)).to(self.device)
@@ -443,7 +458,11 @@ class EagerAdapter(TransformersAdapter):
 
     def collect(self, res: Result, extra, case: Case) -> None:
         if isinstance(extra, torch.Tensor) and not case.dropout_p:
-            res.weights = to_numpy(extra)
+            w = to_numpy(extra)
+            lk = case.shape["Lk"]
+            if w.shape[-1] < lk:   # a sliding layer's cache evicted the first keys: outside the window, weight 0
+                w = np.concatenate([np.zeros(w.shape[:-1] + (lk - w.shape[-1],), dtype=w.dtype), w], axis=-1)
+            res.weights = w
 
 
 class EagerSoftcapAdapter(EagerAdapter):

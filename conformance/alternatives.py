@@ -551,6 +551,12 @@ def conforms(case, res, masks: dict[str, np.ndarray]) -> bool:
         return False
     if "lse" in masks and res.lse is not None and not T.judge_lse(np.asarray(res.lse), case, mask=masks["lse"]).ok:
         return False
+    if "weights" in masks and getattr(res, "weights", None) is not None:
+        s = case.shape      # the weights are the output of the same case with V the identity (Dv = Lk)
+        eye = np.broadcast_to(np.eye(s["Lk"]), (s["B"], s["Hkv"], s["Lk"], s["Lk"]))
+        if not T.judge_output(np.asarray(res.weights, np.float64), case.replace(v=eye, grad_out=None),
+                              mask=masks["weights"]).ok:
+            return False
     if res.grads and case.grad_out is not None and any(g in masks for g in GRADIENTS):
         js = T.judge_gradients({n: np.asarray(g) for n, g in res.grads.items()}, case,
                                masks={n: m for n, m in masks.items() if n in GRADIENTS})

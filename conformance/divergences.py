@@ -117,8 +117,8 @@ class Applied:
 
 
 def _quantity(res, q: str):
-    if q in ("out", "lse"):
-        return getattr(res, q)
+    if q in ("out", "lse", "weights"):
+        return getattr(res, q, None)
     return None if not res.grads else res.grads.get(q)
 
 
@@ -126,7 +126,7 @@ def covered_elements(case, rows: np.ndarray | None, quantity: str, shape: tuple[
     """The elements of one result array (of `shape`) that covered rows determine."""
     if rows is None:
         return np.ones(shape, dtype=bool)
-    if quantity in ("out", "dq"):
+    if quantity in ("out", "dq", "weights"):
         return np.broadcast_to(rows[..., None], shape).copy()
     if quantity == "lse":
         return rows.copy()
@@ -171,7 +171,7 @@ class Divergences:
         for e in self.for_impl(impl_name):
             if e["dtypes"] and case.dtype not in e["dtypes"]:
                 continue
-            if not grads and not set(e["quantities"]) & {"out", "lse", "call"}:
+            if not grads and not set(e["quantities"]) & {"out", "lse", "call", "weights"}:
                 continue            # an entry about gradients only does not touch a forward call
             rows = rows_of(e["region"], case)
             if touches(rows):
@@ -237,7 +237,7 @@ def _normalise(entry: dict[str, Any], witnesses: dict) -> dict[str, Any]:
             e["quantities"] = list(GRADIENTS)
         else:
             e["quantities"] = list(FORWARD)
-    bad = set(e["quantities"]) - set(FORWARD + GRADIENTS + ("call",))
+    bad = set(e["quantities"]) - set(FORWARD + GRADIENTS + ("call", "weights"))
     if bad:
         raise DivergenceError(f"{where}: field 'quantities': unknown {', '.join(sorted(bad))}")
     e.setdefault("measured", e.get("versions", ""))

@@ -512,6 +512,8 @@ def _substitute(res: Result, case: Case, exempt: dict[str, np.ndarray]) -> None:
         res.out = _mark(np.where(exempt["out"], ref.out, res.out), exempt["out"])
     if "lse" in exempt and res.lse is not None:
         res.lse = _mark(np.where(exempt["lse"], ref.lse, res.lse), exempt["lse"])
+    if "weights" in exempt and getattr(res, "weights", None) is not None:
+        res.weights = _mark(np.where(exempt["weights"], ref.weights, res.weights), exempt["weights"])
     grads = {q: m for q, m in exempt.items() if q in alternatives.GRADIENTS}
     if grads and res.grads:
         from attnconf.reference.backward import backward

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.conformance.alternatives_transformers import _scaled_logits
-from attnconf.conformance.regions import region
+from attnconf.conformance.regions import case_region, region
 from attnconf.reference import Case, oracle, visibility
 
 
@@ -52,3 +52,32 @@ def finfo_min_mask_rows_eager(case: Case) -> np.ndarray:
     """`finfo_min_mask_rows`, for the eager functions, which add transformers' finfo.min mask (or a
     custom mask merged the same way) to their logits in every case."""
     return finfo_min_mask_rows(case)
+
+
+def sliding_window_one_with_cache(case: Case) -> bool:
+    """A case the adapter maps to `config.sliding_window = 1` with a KV cache: window (0, r) under causal
+    masking or (0, 0) (so `create_sliding_window_causal_mask(sliding_window=1)`) and Lk > Lq (P = Lk - Lq
+    keys already in the DynamicCache). DynamicSlidingWindowLayer.update keeps `full[:, :, -sliding_window + 1:]`,
+    which for sliding_window = 1 is `full[:, :, 0:]`, every key, while get_mask_sizes() advertises
+    sliding_window - 1 + Lq = Lq keys to the mask: the mask has Lq columns, the keys P + Lq."""
+    if case.window is None or tuple(case.window) == (-1, -1):
+        return False
+    left, right = case.window
+    causal_like = case.causal is not None or right == 0
+    return bool(causal_like and left == 0 and case.shape["Lk"] > case.shape["Lq"])
+
+
+@case_region
+def sliding_window_one_cache_prefill(case: Case) -> bool:
+    """`sliding_window_one_with_cache` with Lq > 1: the Lq-column mask cannot broadcast over P + Lq keys."""
+    return sliding_window_one_with_cache(case) and case.shape["Lq"] > 1
+
+
+@region
+def sliding_window_one_cache_decode(case: Case) -> np.ndarray:
+    """`sliding_window_one_with_cache` with Lq = 1 (decoding): the one-column mask broadcasts over all P + 1
+    keys. Covers the rows that see a key (their one mask entry, key Lk - 1, is visible, so every key is)."""
+    s = case.shape
+    if not (sliding_window_one_with_cache(case) and s["Lq"] == 1):
+        return np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    return oracle(case).visible.any(axis=-1)

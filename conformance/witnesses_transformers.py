@@ -96,3 +96,50 @@ def hf_masked_overflow_f16() -> Case:
     v = rng.normal(size=(1, 1, 4, 8))
     keep = np.array([False, True, True, True])[None, None, None, :]
     return Case.build(q, k, v, mask=keep, dtype="float16")
+
+
+def _sliding_window_one(lq: int, sinks: bool = False) -> Case:
+    """float32, Lk = 4, window (0, 0) under bottom-right causal masking: `config.sliding_window = 1`, with the
+    first 4 - Lq tokens already in the DynamicCache."""
+    rng = np.random.default_rng(28)
+    q, k, v = rng.normal(size=(1, 2, lq, 8)), rng.normal(size=(1, 2, 4, 8)), rng.normal(size=(1, 2, 4, 8))
+    return Case.build(q, k, v, causal="bottom_right", window=(0, 0), dtype="float32",
+                      grad_out=rng.normal(size=(1, 2, lq, 8)), sinks=np.array([0.5, -1.0]) if sinks else None)
+
+
+@witness
+def hf_sliding_window_one_prefill() -> Case:
+    """Lq = 2 after 2 cached tokens: the 2-column mask meets 4 keys (RuntimeError)."""
+    return _sliding_window_one(2)
+
+
+@witness
+def hf_sliding_window_one_decode() -> Case:
+    """Lq = 1 after 3 cached tokens: the 1-column mask broadcasts, the row attends to all 4 keys."""
+    return _sliding_window_one(1)
+
+
+@witness
+def hf_sliding_window_one_prefill_sinks() -> Case:
+    """hf_sliding_window_one_prefill with sink logits (gpt-oss's eager function)."""
+    return _sliding_window_one(2, sinks=True)
+
+
+@witness
+def hf_sliding_window_one_decode_sinks() -> Case:
+    """hf_sliding_window_one_decode with sink logits (gpt-oss's eager function)."""
+    return _sliding_window_one(1, sinks=True)
+
+
+@witness
+def hf_left_padded_huge_hidden_f32() -> Case:
+    """float32 left-padded batch (as hf_left_padded_f32) whose padded keys are ~1e30 (test_masked_positions_
+    have_no_effect's fill): logits ~3e31 exceed half the spacing at finfo(float32).min (2^103), so
+    logit + finfo.min is not absorbed and the empty rows are not the mean of the padded values."""
+    c = _left_padded("float32")
+    k = c.k.copy()
+    k[0, 0, 0, :] = 1e31 * np.sign(c.q[0, 0, 0, :])     # row 0 of head 0: logit ~ +3e31 at padded key 0
+    k[0, 0, 1, :] = 1e29
+    v = c.v.copy()
+    v[0, :, :2, :] = 1e30
+    return c.replace(k=k, v=v)
