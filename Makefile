@@ -10,7 +10,7 @@ STAMP   := .venv/.attnconf-setup-2
 export OPENBLAS_NUM_THREADS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup lock report test test-own test-install test-suites test-catalogue long clean
+.PHONY: setup lock report test test-own test-install test-suites test-catalogue test-long long clean
 
 setup: $(STAMP)
 
@@ -60,8 +60,13 @@ test-suites: setup
 	    --report=.attnconf-ci/numpy.json
 	$(PY) -m attnconf.conformance.entries_check --witnesses --out .attnconf-ci
 
+# test_verdicts first: its hanging-kernel run (up to 5 min) then overlaps the catalogue on the other worker
 test-catalogue: setup
-	$(PY) -m pytest tests/test_catalogue.py tests/test_catalogue_conventions.py tests/test_verdicts.py -q -m slow -p no:cacheprovider -n 2
+	$(PY) -m pytest tests/test_verdicts.py tests/test_catalogue.py tests/test_catalogue_conventions.py -q \
+	    -m "slow and not long" -p no:cacheprovider -n 2 --durations=10
+
+test-long: setup
+	$(PY) -m pytest tests/test_catalogue_conventions.py -q -m long -p no:cacheprovider -n 2
 
 long: setup
 	$(PY) -m pytest conformance --backend=torch --long --measure-memory -k "long or memory" -q
