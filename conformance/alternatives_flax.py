@@ -34,12 +34,12 @@ def _query_divided_in_dtype(entry, case, res, masks) -> Verdict:
 def _nan_dv_of_empty_rows(entry, case, res, masks) -> Verdict:
     """Gradients of a float64 case through force_fp32_for_softmax with rows that see no key (their
     weights NaN): dV of the (batch, KV head) is all NaN, dQ of the row is 0, and dK keeps float32
-    accuracy (the float32_precision alternative on the covered dK). Where dV is not all NaN, the
-    gradients of uniform weights over the hidden keys instead (uniform_weight_gradients)."""
+    accuracy (the float32_precision alternative on the covered dK)."""
     g = res.grads or {}
-    if "dv" in masks and "dv" in g and not np.isnan(np.asarray(g["dv"])[masks["dv"]]).all():
-        # the Lk = 1 case sometimes gives its single key weight 1 instead (see nan_or_mean_of_values)
-        return ALTERNATIVES["uniform_weight_gradients"].check(entry, case, res, masks)
+    if "dv" in masks and "dv" in g:
+        v = _exact("dv", np.asarray(g["dv"]), masks["dv"], np.isnan, "NaN")
+        if not v.ok:
+            return v
     if "dq" in masks and "dq" in g:
         v = _exact("dq", np.asarray(g["dq"]), masks["dq"], lambda a: a == 0, "0")
         if not v.ok:
@@ -48,14 +48,3 @@ def _nan_dv_of_empty_rows(entry, case, res, masks) -> Verdict:
         return ALTERNATIVES["float32_precision"].check(entry, case, res, {"dk": masks["dk"]})
     return Verdict(True)
 
-
-@alternative("nan_or_mean_of_values", ("out",))
-def _nan_or_mean_of_values(entry, case, res, masks) -> Verdict:
-    """Each covered row is all NaN, or the mean of V over its mask-hidden keys (`mean_of_values`): a
-    float64 row with one key, hidden, comes out either way from run to run (measured, Lk = 1)."""
-    out = np.asarray(res.out)
-    nan_rows = np.isnan(out).all(axis=-1)
-    rest = masks["out"] & ~nan_rows[..., None]
-    if rest.any():
-        return ALTERNATIVES["mean_of_values"].check(entry, case, res, {"out": rest})
-    return Verdict(True)

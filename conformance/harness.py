@@ -479,7 +479,7 @@ def by_specificity(applied: list) -> list:
     """Entries with row regions first, then case regions, the catch-all region "any" last; among
     equals, NaN-like alternatives first (a NaN row makes every gradient element it reaches NaN)."""
     return sorted(applied, key=lambda a: (a.rows is None, a.entry["region"] == "any",
-                                          a.instead not in ("nan", "non_finite")))
+                                          a.instead not in ("nan", "non_finite", "non_finite_or_spec")))
 
 
 def _raised_as_declared(rec: TestRecord, raising: list) -> None:
