@@ -116,9 +116,10 @@ def _non_finite(entry, case, res, masks) -> Verdict:
 
 @alternative("non_finite_or_spec", ("out",))
 def _non_finite_or_spec(entry, case, res, masks) -> Verdict:
-    """Each covered row is entirely NaN/inf, or conforms to the spec (judged as usual): for an overflow
-    that depends on the order in which the implementation sums, which the region bounds but cannot
-    predict element by element."""
+    """Each covered row is entirely NaN/inf, or is judged as if the entry did not cover it (by the
+    spec, or by another entry that covers it): for an overflow that depends on the order in which
+    the implementation sums, which the region bounds but cannot predict element by element. A row
+    that is only partly non-finite fails."""
     out = np.asarray(res.out)
     rows = masks["out"].any(axis=-1)
     gone = (~np.isfinite(out)).all(axis=-1)
@@ -126,9 +127,7 @@ def _non_finite_or_spec(entry, case, res, masks) -> Verdict:
     if partial.any():
         idx = _first(partial)
         return Verdict(False, f"out row {idx}: partly non-finite (neither all NaN/inf nor the spec's row): {out[idx][:4]}")
-    finite_rows = masks["out"] & ~gone[..., None]
-    if finite_rows.any():
-        return _judged(T.judge_output(out, case, mask=finite_rows))
+    masks["out"] &= gone[..., None]     # finite rows stay unexempted: the spec or the next entry judges them
     return Verdict(True)
 
 
@@ -421,10 +420,15 @@ def _scale_float32(entry, case, res, masks) -> Verdict:
         s32 = float(np.float32(1.0 / np.sqrt(case.head_dim)))
         expected = mha(case, lambda q, k, v, **kw: forward(q, k, v, scale=s32, **kw).out)
         return _judged(T.judge_layer(res.out, case, mask=masks["out"], ref=expected))
-    # The default is computed in float32 as 1 / sqrt(float32(Dk)) (two float32 roundings), which can
-    # differ from float32(1 / sqrt(Dk)) by one ulp (Dk = 72, measured); a given scale is cast once.
+    return _judge_against(scale_float32_case(case), case, res, masks)
+
+
+def scale_float32_case(case: Case) -> Case:
+    """The case with the scale as Keras computes it in float32: the default 1 / sqrt(float32(Dk)) (two
+    float32 roundings, which can differ from float32(1 / sqrt(Dk)) by one ulp: Dk = 72, measured), a
+    given scale cast once. Other entries' alternatives are judged on it where this one applies too."""
     s32 = np.float32(1.0) / np.sqrt(np.float32(case.shape["Dk"])) if case.scale is None else np.float32(case.scale)
-    return _judge_against(case.replace(scale=float(s32)), case, res, masks)
+    return case.replace(scale=float(s32))
 
 
 @alternative("finite_mask_bias", FORWARD + GRADIENTS, numeric=True)
