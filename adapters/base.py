@@ -99,6 +99,12 @@ class Implementation:
     scope_source: str = "built-in"      # where the scope came from: "built-in", "full convention", an attribute, a file
     trusted: bool = True                # False for third-party kernels
     example_budget: float = 1.0         # fraction of Hypothesis examples (e.g. < 1 where each new shape compiles)
+    lse_dtypes: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")   # whose lse can be judged
+
+    def lse_refusal(self, dtype: str) -> str | None:
+        """Why a `dtype` case's lse cannot be judged here (None if it can): one fact, used by `supports` and by
+        the suite to mark an lse cell unsupported without drawing a case."""
+        return None if dtype in self.lse_dtypes else f"{self.name} returns no lse that can be judged in {dtype}"
 
     def __init__(self, device: str = "cpu"):
         self.device = device
@@ -130,6 +136,8 @@ class Adapter(Implementation, metaclass=ABCMeta):
             return ok
         if case.dtype not in self.dtypes:
             return f"{self.name} does not run {case.dtype}"
+        if "lse" in need and (refusal := self.lse_refusal(case.dtype)):
+            return refusal
         reason = self.limits_support(case)
         return reason if reason is not True else self.extra_support(case)
 

@@ -233,6 +233,13 @@ def clauses(*ids: str):
     return pytest.mark.clauses(*ids)
 
 
+def first(rank: int):
+    """Run this test before all unranked ones, lower ranks first: the quick checks that show most bugs at once
+    (fixed cases, declared-scope probes), so that a run with -x, or a kernel author watching the terminal,
+    sees the first failure within seconds. Order only: the verdict does not depend on it."""
+    return pytest.mark.attnconf_first(rank)
+
+
 def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl", weight: float = 1.0,
               dtypes: tuple[str, ...] | None = DTYPES, needs: tuple[str, ...] = ()):
     """Run the test for Hypothesis-generated cases, one pytest item per implementation and dtype.
@@ -257,6 +264,9 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             lacking = [n for n in needs if not caps & set(n.split("|"))]
             if lacking:
                 pytest.skip(f"unsupported: {subject.name} declares none of {', '.join(lacking)}")
+            refusal = lse_refusal(subject.adapter, dtype) if "lse" in needs and dtype is not None else None
+            if refusal:
+                pytest.skip(f"unsupported: {refusal}")
             if session.replay is not None:
                 return _one_example(fn, subject, session.replay, generated=False)
             share = len(DTYPES) if dtype is not None else 1
@@ -293,6 +303,21 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             test.pytestmark = fn.pytestmark
         return test
     return decorate
+
+
+def lse_refusal(adapter: Any, dtype: str) -> str | None:
+    """Why this adapter's lse cannot be judged in `dtype` (None if it can, or if it has no such notion)."""
+    refuse = getattr(adapter, "lse_refusal", None)
+    return refuse(dtype) if callable(refuse) else None
+
+
+def lse_need(impl: Subject, case: Case) -> frozenset[str]:
+    """{"lse"} where the implementation returns an lse that can be judged in the case's dtype, else nothing:
+    for properties that check the output always and the lse where there is one."""
+    adapter = getattr(impl, "adapter", impl)
+    if "lse" not in adapter.capabilities or lse_refusal(adapter, case.dtype):
+        return frozenset()
+    return frozenset({"lse"})
 
 
 def cell_body(fn: Callable, subject: Subject, dtype: str | None) -> Callable:

@@ -132,6 +132,7 @@ def pytest_configure(config: pytest.Config) -> None:
         register_profiles()
     config.addinivalue_line("markers", "clauses(*ids): spec clauses this test checks")
     config.addinivalue_line("markers", "attnconf_opt_in: an attnconf test that runs only when its option is given")
+    config.addinivalue_line("markers", "attnconf_first(rank): an attnconf test that runs before the others")
     backend = config.getoption("--backend")
     if not backend:
         return  # inert: attnconf acts only when its options are given (see pytest_collection_modifyitems)
@@ -296,12 +297,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     from attnconf import spec
 
+    items.sort(key=_rank)     # stable: the harness.first tests by rank, then the rest in collection order
     known = spec.clauses()
     for item in items:
         for mark in item.iter_markers("clauses"):
             unknown = [c for c in mark.args if c not in known]
             if unknown:
                 raise pytest.UsageError(f"{item.nodeid} cites unknown clause(s) {', '.join(unknown)}")
+
+
+def _rank(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("attnconf_first")
+    return float(mark.args[0]) if mark is not None else float("inf")
 
 
 def _impl_of(item: pytest.Item) -> str:

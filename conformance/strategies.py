@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from contextvars import ContextVar
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 from hypothesis import reject
@@ -52,6 +52,21 @@ def allows(*features: str) -> bool:
     """Whether the implementation under test declares every one of `features`."""
     scope = _CELL.get()[1]
     return scope is None or all(f in scope["features"] for f in features)
+
+
+def declared(options: dict[str, str]) -> tuple[str, ...]:
+    """The names among `options` (name -> the feature it needs) that the implementation declares."""
+    return tuple(name for name, feature in options.items() if allows(feature))
+
+
+@st.composite
+def declared_choice(draw, options: dict[str, str]) -> str:
+    """One of `options` that the implementation declares (rejecting the draw if it declares none): a
+    strategy that hides keys by a mask, a bias or lengths draws only the ways the kernel can take."""
+    mine = declared(options)
+    if not mine:
+        reject()
+    return draw(st.sampled_from(mine))
 
 
 def _limit(name: str):
@@ -230,6 +245,48 @@ def fixed_case(seed: int = 0, *, B=1, Hq=2, Hkv=None, Lq=5, Lk=7, Dk=8, Dv=None,
     return Case.build(q, k, v, dtype=dtype, seed=seed, **params)
 
 
+# ---- pinned cases: one per way kernels break -------------------------------------------------------
+# Keyword arguments of `fixed_case`. The agreement tests run them as explicit examples in their own
+# dtype; conformance/test_first_look.py runs all of them in every dtype before any other test, so
+# that most bugs show in the first second of a run.
+AGREEMENT_PINS: tuple[dict[str, Any], ...] = (
+    dict(seed=1, Lq=1, Lk=1, Dk=1),
+    dict(seed=2, B=2, Hq=4, Hkv=1, Lq=17, Lk=33, Dk=40, Dv=24, causal="bottom_right"),
+    dict(seed=3, Lq=9, Lk=4, Dk=16, causal="bottom_right", dtype="float16"),
+    dict(seed=4, Lq=129, Lk=65, Dk=64, dtype="bfloat16", regime="large"),
+    dict(seed=5, Lq=8, Lk=8, dtype="float64", kv_lengths=[3], q_lengths=[6]),
+    dict(seed=6, Hq=2, Lq=5, Lk=11, Dk=16, causal="bottom_right"),
+    dict(seed=7, B=2, Lq=6, Lk=9, Dk=16, mask=np.random.default_rng(7).random((2, 1, 1, 9)) < 0.5),
+    dict(seed=8, Lq=7, Lk=7, Dk=16, causal="top_left", dtype="float64"),
+    dict(seed=9, B=2, Hq=2, Lq=5, Lk=9, Dk=16, causal="top_left"),
+    dict(seed=10, Hq=2, Lq=9, Lk=5, Dk=8, causal="top_left", dtype="float64"),
+    dict(seed=11, Hq=2, Lq=6, Lk=7, Dk=16, Dv=8, scale=0.3),
+    dict(seed=12, B=2, Hq=2, Lq=6, Lk=8, Dk=16, bias=2.0 * np.random.default_rng(12).standard_normal((2, 1, 6, 8))),
+)
+# for the calling conventions of modern kernels; `scope_fit.fit` adapts each to the kernel's scope
+# (a decode kernel gets its last query row, a flash-attention kernel loses the mask, ...)
+CONVENTION_PINS: tuple[dict[str, Any], ...] = (
+    dict(seed=61, B=2, Hq=4, Hkv=2, Lq=5, Lk=11, Dk=16, window=(2, 1), causal="bottom_right"),
+    dict(seed=62, B=1, Hq=2, Lq=9, Lk=9, Dk=8, window=(1, 2)),
+    dict(seed=63, B=2, Hq=2, Lq=7, Lk=4, Dk=16, window=(0, 2)),                  # rows with no key
+    dict(seed=64, B=1, Hq=4, Hkv=1, Lq=6, Lk=6, Dk=32, softcap=1.0, regime="large", causal="bottom_right"),
+    dict(seed=65, B=2, Hq=4, Lq=6, Lk=13, Dk=16, alibi_slopes=np.array([1.0, 0.5, 0.25, 0.125])),
+    dict(seed=66, B=2, Hq=2, Lq=13, Lk=6, Dk=8, alibi_slopes=np.array([[0.3, 0.9], [1.5, 0.1]]),
+         causal="bottom_right", softcap=5.0),
+    dict(seed=67, B=3, Hq=4, Hkv=2, Lq=7, Lk=9, Dk=8, q_lengths=[3, 7, 5], kv_lengths=[9, 2, 6],
+         causal="bottom_right", packing={"seq_order": [0, 1, 2], "new_keys": 2, "page_size": 0}),
+    dict(seed=68, B=2, Hq=2, Lq=4, Lk=12, Dk=16, kv_lengths=[5, 12], window=(3, -1),
+         packing={"seq_order": [0, 1], "new_keys": 1, "page_size": 256, "block_seed": 3}),
+    dict(seed=69, B=2, Hq=2, Lq=6, Lk=10, Dk=8, mask=np.random.default_rng(60).random((2, 1, 6, 10)) < 0.5),
+    dict(seed=70, B=1, Hq=2, Lq=1, Lk=33, Dk=64, window=(7, -1), dtype="bfloat16"),   # decode
+)
+
+
+def pinned(pins: Iterable[dict[str, Any]], dtype: str | None = None) -> list[Case]:
+    """The pinned cases, each in its own dtype or all in `dtype` (inputs drawn for that dtype)."""
+    return [fixed_case(**{**p, "dtype": dtype or p.get("dtype", "float32")}) for p in pins]
+
+
 # ---- property-module strategies (weights, causality, permutation, independence, GQA helper) ----
 
 @st.composite
@@ -330,6 +387,9 @@ def mask_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES) -> 
     return case.replace(mask=m if empty_rows else _hide_rows_kept(rng, m))
 
 
+HIDING = {"mask": "mask", "bias": "bias", "kv_lengths": "kv_lengths"}     # ways to hide a key -> feature
+
+
 @st.composite
 def hidden_key_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES) -> Case:
     """A case in which every batch element has key positions that no query sees, hidden by a
@@ -339,7 +399,7 @@ def hidden_key_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPE
     s = case.shape
     b, lk = s["B"], s["Lk"]
     rng = np.random.default_rng(case.seed + 2)
-    how = draw(st.sampled_from(("mask", "bias", "kv_lengths")))
+    how = draw(declared_choice(HIDING))
     if how == "kv_lengths":
         lo = 1 if not empty_rows and lk > 1 else 0
         n = rng.integers(lo, lk, size=b)
@@ -356,15 +416,16 @@ def hidden_key_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPE
     return case.replace(bias=np.where(cols, bias, -np.inf))
 
 
-EMPTY_SOURCES = ("mask_row", "bias_row", "q_lengths", "kv_lengths", "bottom_right")
+EMPTY_SOURCES = {"mask_row": "mask", "bias_row": "bias", "q_lengths": "q_lengths", "kv_lengths": "kv_lengths",
+                 "bottom_right": "causal_bottom_right"}          # how a row is emptied -> the feature it needs
 
 
 @st.composite
 def empty_row_cases(draw, *, max_len: int = 33, dtypes: tuple[str, ...] = DTYPES,
-                    sources: tuple[str, ...] = EMPTY_SOURCES) -> Case:
+                    sources: tuple[str, ...] = tuple(EMPTY_SOURCES)) -> Case:
     """A case that certainly has fully-masked query rows, made by a mask row, a -inf bias row,
     query padding, a zero key length, or bottom-right causal with Lq > Lk."""
-    how = draw(st.sampled_from(sources))
+    how = draw(declared_choice({k: v for k, v in EMPTY_SOURCES.items() if k in sources}))
     s = draw(shapes(max_len=max_len))
     if how == "bottom_right":
         s["Lq"] = max(s["Lq"], 2)
@@ -414,7 +475,7 @@ def per_batch_mask_cases(draw, *, max_len: int = 33, dtypes: tuple[str, ...] = D
     rng = np.random.default_rng(seed)
     q, k, v = values(rng, s, "ordinary", dtype)
     p = draw(mask_params(rng, s, masks=False, bias=False, padding=False))
-    how = draw(st.sampled_from(("mask", "bias", "kv_lengths", "q_lengths")))
+    how = draw(declared_choice({**HIDING, "q_lengths": "q_lengths"}))
     if how in ("mask", "bias"):
         shape = draw(st.sampled_from(((b, 1, lq, lk), (b, hq, lq, lk), (b, 1, 1, lk))))
         m = rng.random(shape) < 0.5

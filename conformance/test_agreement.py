@@ -12,16 +12,7 @@ from attnconf.conformance import strategies as st
 from attnconf.conformance.harness import clauses, expect, for_cases, judge, run
 from attnconf.conformance.tolerance import judge_lse, judge_output
 
-PINNED = [
-    st.fixed_case(1, Lq=1, Lk=1, Dk=1),
-    st.fixed_case(2, B=2, Hq=4, Hkv=1, Lq=17, Lk=33, Dk=40, Dv=24, causal="bottom_right"),
-    st.fixed_case(3, Lq=9, Lk=4, Dk=16, causal="bottom_right", dtype="float16"),
-    st.fixed_case(4, Lq=129, Lk=65, Dk=64, dtype="bfloat16", regime="large"),
-    st.fixed_case(5, Lq=8, Lk=8, dtype="float64", kv_lengths=[3], q_lengths=[6]),
-    st.fixed_case(6, Hq=2, Lq=5, Lk=11, Dk=16, causal="bottom_right"),
-    st.fixed_case(7, B=2, Lq=6, Lk=9, Dk=16, mask=np.random.default_rng(7).random((2, 1, 1, 9)) < 0.5),
-    st.fixed_case(8, Lq=7, Lk=7, Dk=16, causal="top_left", dtype="float64"),
-]
+PINNED = st.pinned(st.AGREEMENT_PINS)
 
 
 @clauses("ATTN-OP-1", "ATTN-OP-3", "ATTN-OP-4", "ATTN-DTYPE-1", "ATTN-MASK-1", "ATTN-MASK-2", "ATTN-MASK-4",

@@ -18,25 +18,7 @@ from attnconf.conformance.harness import clauses, for_cases, judge, run
 from attnconf.conformance.scope_fit import fit
 from attnconf.conformance.tolerance import judge_gradients, judge_output
 
-_RNG = np.random.default_rng(60)
-# Pinned first (Hypothesis runs explicit examples before generating): each targets a way kernels in
-# these conventions break, and `fit` adapts it to the kernel's scope (a decode kernel gets its last
-# query row, a flash-attention kernel loses the mask, ...).
-PINNED = [
-    st.fixed_case(61, B=2, Hq=4, Hkv=2, Lq=5, Lk=11, Dk=16, window=(2, 1), causal="bottom_right"),
-    st.fixed_case(62, B=1, Hq=2, Lq=9, Lk=9, Dk=8, window=(1, 2)),
-    st.fixed_case(63, B=2, Hq=2, Lq=7, Lk=4, Dk=16, window=(0, 2)),                  # rows with no key
-    st.fixed_case(64, B=1, Hq=4, Hkv=1, Lq=6, Lk=6, Dk=32, softcap=1.0, regime="large", causal="bottom_right"),
-    st.fixed_case(65, B=2, Hq=4, Lq=6, Lk=13, Dk=16, alibi_slopes=np.array([1.0, 0.5, 0.25, 0.125])),
-    st.fixed_case(66, B=2, Hq=2, Lq=13, Lk=6, Dk=8, alibi_slopes=np.array([[0.3, 0.9], [1.5, 0.1]]),
-                  causal="bottom_right", softcap=5.0),
-    st.fixed_case(67, B=3, Hq=4, Hkv=2, Lq=7, Lk=9, Dk=8, q_lengths=[3, 7, 5], kv_lengths=[9, 2, 6],
-                  causal="bottom_right", packing={"seq_order": [0, 1, 2], "new_keys": 2, "page_size": 0}),
-    st.fixed_case(68, B=2, Hq=2, Lq=4, Lk=12, Dk=16, kv_lengths=[5, 12], window=(3, -1),
-                  packing={"seq_order": [0, 1], "new_keys": 1, "page_size": 256, "block_seed": 3}),
-    st.fixed_case(69, B=2, Hq=2, Lq=6, Lk=10, Dk=8, mask=_RNG.random((2, 1, 6, 10)) < 0.5),
-    st.fixed_case(70, B=1, Hq=2, Lq=1, Lk=33, Dk=64, window=(7, -1), dtype="bfloat16"),   # decode
-]
+PINNED = st.pinned(st.CONVENTION_PINS)      # explicit examples first: see strategies.CONVENTION_PINS
 
 
 @clauses("ATTN-OP-1", "ATTN-TOL-1", "ATTN-CAUSAL-1", "ATTN-GQA-1", "ATTN-WIN-1", "ATTN-CAP-1", "ATTN-ALIBI-1")

@@ -21,7 +21,7 @@ import pytest
 from attnconf.adapters import KernelError, Result
 from attnconf.conformance import alternatives
 from attnconf.conformance.divergences import Applied
-from attnconf.conformance.harness import KernelAborted, call_kernel, clauses, expect, observe
+from attnconf.conformance.harness import KernelAborted, call_kernel, clauses, expect, lse_need, observe
 from attnconf.conformance.regions import rows_of, touches
 from attnconf.conformance.witnesses import WITNESSES
 
@@ -59,9 +59,9 @@ def witness_status(impl, entry) -> tuple[str, str]:
             return STALE, "the invalid call raises now"
         return DIVERGES, f"returned an output of shape {tuple(np.shape(out))}"
     try:
+        lse = lse_need(adapter, case) if "lse" in entry["quantities"] else frozenset()
         ok = adapter.supports_layer(case) if layer else adapter.supports(
-            case, need=frozenset({"grads"} if grads else ()) | ({"lse"} if "lse" in entry["quantities"]
-                                                               and "lse" in adapter.capabilities else set()))
+            case, need=frozenset({"grads"} if grads else ()) | lse)
     except Exception as exc:    # the framework's own capability probe raised on the witness (e.g. torch's rank-1 mask)
         first = str(exc).splitlines()[0][:160] if str(exc) else ""
         if entry["instead"] == "raises":

@@ -28,7 +28,7 @@ import numpy as np
 
 from attnconf import spec
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_close, expect_equivalent, for_cases, run
+from attnconf.conformance.harness import clauses, expect, expect_close, expect_equivalent, first, for_cases, run
 from attnconf.conformance.tolerance import ulp
 from attnconf.reference import oracle
 
@@ -49,6 +49,7 @@ def calls_needed(p: float, entries: int, alpha: float) -> int:
     return max(32, math.ceil(2 * math.log(6 / alpha) / (p * p * entries)))
 
 
+@first(3)
 @clauses("ATTN-DROP-2")
 @for_cases(st.dropout_cases(), weight=0.12, dtypes=("float64", "float32"))
 def test_dropout_statistics(impl, case):

@@ -31,7 +31,8 @@ def test_gradients_match_reference(impl, case):
 
 
 @clauses("ATTN-EMPTY-3", "ATTN-GRAD-1")
-@for_cases(st.cases(grad=True, max_len=33, layouts=False, masks=True, padding=False), weight=0.5, needs=("grads",))
+@for_cases(st.cases(grad=True, max_len=33, layouts=False, masks=True, padding=False), weight=0.5,
+           needs=("grads", "mask"))
 def test_fully_masked_rows_have_zero_gradients(impl, case):
     """A query row with no visible key has dQ = 0 and adds nothing to dK, dV."""
     rng = np.random.default_rng(case.seed)

@@ -23,7 +23,8 @@ import numpy as np
 from hypothesis import strategies as hst
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_agree, expect_close, expect_equivalent, for_cases, observe, run
+from attnconf.conformance.harness import (clauses, expect, expect_agree, expect_close, expect_equivalent, for_cases,
+                                            lse_need, observe, run)
 from attnconf.reference import Case, oracle, visibility
 
 
@@ -69,7 +70,7 @@ def fill_masked(case: Case, rng: np.random.Generator) -> tuple[Case, int]:
 
 
 @clauses("ATTN-MASK-3", "ATTN-MASK-4", "ATTN-MASK-6")
-@for_cases(st.hidden_key_cases(), weight=0.6)
+@for_cases(st.hidden_key_cases(), weight=0.6, needs=("mask|bias|kv_lengths",))
 def test_masked_positions_have_no_effect(impl, case):
     """Masked keys, padded keys and masked bias entries filled with values up to
     +-FINITE_MAX leave the output where the reference of the unfilled case puts it."""
@@ -89,7 +90,7 @@ def as_bias(case: Case) -> Case:
 
 
 @clauses("ATTN-MASK-2", "ATTN-MASK-1")
-@for_cases(st.mask_cases(), weight=0.5)
+@for_cases(st.mask_cases(), weight=0.5, needs=("mask", "bias"))
 def test_bool_mask_equals_neg_inf_bias(impl, case):
     """A boolean mask and the additive bias that is 0 where it is True and -inf where False give the same output."""
     expect_equivalent(impl, case, as_bias(case), clause1="ATTN-MASK-1", clause="ATTN-MASK-2",
@@ -110,7 +111,7 @@ def batch_slice(case: Case, b: int) -> Case:
 
 
 @clauses("ATTN-MASK-5", "ATTN-MASK-4")
-@for_cases(st.per_batch_mask_cases(), weight=0.4)
+@for_cases(st.per_batch_mask_cases(), weight=0.4, needs=("mask|bias|kv_lengths|q_lengths",))
 def test_per_batch_masks(impl, case):
     """With masks, biases or lengths that differ across the batch (the strategy makes batch element 1
     differ from 0), batch element 1's rows equal the run of batch element 1 alone."""
@@ -190,13 +191,14 @@ EMPTY_PINS = [st.fixed_case(30, B=2, Lq=6, Lk=3, causal="bottom_right"),
 
 
 @clauses("ATTN-EMPTY-1", "ATTN-EMPTY-2", "ATTN-CAUSAL-3")
-@for_cases(st.empty_row_cases(), examples=EMPTY_PINS, weight=0.6)
+@for_cases(st.empty_row_cases(), examples=EMPTY_PINS, weight=0.6,
+           needs=("mask|bias|q_lengths|kv_lengths|causal_bottom_right",))
 def test_fully_masked_rows_are_zero(impl, case):
     """A row with no visible key (mask row, -inf bias row, query padding, kv_len 0, bottom-right
     causal with Lq > Lk) outputs exactly 0; its lse is -inf where the kernel returns lse."""
     empty = ~oracle(case).visible.any(axis=-1)
     assert empty.any()
-    res = run(impl, case, need={"lse"} if "lse" in impl.capabilities else ())
+    res = run(impl, case, need=lse_need(impl, case))
     if res is None:
         return
     bad = np.argwhere(empty & ~(res.out == 0).all(axis=-1))

@@ -14,7 +14,7 @@ import numpy as np
 
 from attnconf.adapters.base import NotSupported
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_close, run
+from attnconf.conformance.harness import clauses, expect, expect_close, first, run
 from attnconf.conformance.scope_fit import fit
 from attnconf.reference import Case
 
@@ -56,6 +56,7 @@ def must_run(impl, case: Case, what: str, *, grads: bool = False) -> None:
         expect_close(res.out, fitted, impl, clause="ATTN-SCOPE-1")
 
 
+@first(1)
 @clauses("ATTN-SCOPE-1")
 def test_declared_dtypes_and_gradients_run(impl):
     """Each declared dtype runs a plain case; so do gradients when declared."""
@@ -65,6 +66,7 @@ def test_declared_dtypes_and_gradients_run(impl):
         must_run(impl, plain_case(impl, impl.dtypes[0], 950, grads=True), "gradients", grads=True)
 
 
+@first(1)
 @clauses("ATTN-SCOPE-1")
 def test_declared_features_run(impl):
     """Each declared feature (window, softcap, ALiBi, masks, causal, ...) runs on a small probe case."""

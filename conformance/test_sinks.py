@@ -15,7 +15,8 @@ import numpy as np
 
 from attnconf import spec
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import (clauses, expect, expect_close, expect_equivalent, for_cases, judge, run)
+from attnconf.conformance.harness import (clauses, expect, expect_close, expect_equivalent, for_cases, judge,
+                                          lse_need, run)
 from attnconf.conformance.tolerance import EPS64, judge_arrays, judge_gradients, judge_lse
 from attnconf.reference import backward, expand_kv, oracle, sink_factor
 from attnconf.reference.attention import alibi_bias
@@ -29,7 +30,7 @@ from attnconf.reference.attention import alibi_bias
 def test_sinks_match_reference(impl, case):
     """Cases with sinks (small, comparable and dominant, with windows and empty rows) agree with the reference,
     and so does their lse (sink included) where the kernel returns one."""
-    res = run(impl, case, need={"lse"} if "lse" in impl.capabilities else ())
+    res = run(impl, case, need=lse_need(impl, case))
     if res is None:
         return
     expect_close(res.out, case, impl, clause="ATTN-SINK-1")
@@ -44,7 +45,7 @@ def test_a_sink_scales_each_row(impl, case):
     two runs' allowances (the factor, computed from the reference lse, is in (0, 1]); and lse_sink =
     logaddexp(lse_nosink, sink) where the kernel returns lse."""
     plain = case.replace(sinks=None)
-    need = {"lse"} if "lse" in impl.capabilities else set()
+    need = lse_need(impl, case)
     r1, r0 = run(impl, case, need=need), run(impl, plain, need=need)
     if r1 is None or r0 is None:
         return
@@ -89,7 +90,7 @@ def test_rows_without_keys_output_zero_and_their_lse_is_the_sink(impl, case):
     """A row the window leaves without a key outputs exactly 0 with a sink too; its lse is the sink, not -inf."""
     empty = ~oracle(case).visible.any(axis=-1)
     assert empty.any()
-    res = run(impl, case, need={"lse"} if "lse" in impl.capabilities else ())
+    res = run(impl, case, need=lse_need(impl, case))
     if res is None:
         return
     bad = np.argwhere(empty & ~(res.out == 0).all(axis=-1))

@@ -65,7 +65,8 @@ def test_a_cap_far_above_the_logits_is_no_cap(impl, case):
 
 
 @clauses("ATTN-CAP-1", "ATTN-ALIBI-2")
-@for_cases(st.softcap_cases(max_len=33, alibi=False, windows=False), weight=0.3, needs=("softcap",))
+@for_cases(st.softcap_cases(max_len=33, alibi=False, windows=False), weight=0.3,
+           needs=("softcap", "alibi|alibi_top_left", "bias"))
 def test_cap_comes_before_alibi_and_the_bias(impl, case):
     """Capped ALiBi equals the capped case with ALiBi's explicit bias, both added after the cap: a kernel that
     caps the biased logits (bounding ALiBi to (-c, c)) fails here, as one that caps a mask's -inf fails the

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import (clauses, expect, expect_close, expect_equivalent, for_cases, judge, run)
+from attnconf.conformance.harness import (clauses, expect, expect_close, expect_equivalent, for_cases, judge,
+                                          lse_need, run)
 from attnconf.conformance.tolerance import judge_gradients, judge_lse
 from attnconf.reference import Case, oracle, visibility
 
@@ -103,7 +104,7 @@ def test_rows_the_window_empties_are_zero(impl, case):
     Lq > Lk + left) output exactly 0, and their lse is -inf where the kernel returns one."""
     empty = ~oracle(case).visible.any(axis=-1)
     assert empty.any()
-    res = run(impl, case, need={"lse"} if "lse" in impl.capabilities else ())
+    res = run(impl, case, need=lse_need(impl, case))
     if res is None:
         return
     bad = np.argwhere(empty & ~(res.out == 0).all(axis=-1))

@@ -104,13 +104,6 @@ def flash_grad_large_logits() -> Case:
 
 
 @witness
-def flex_large_logits_f32() -> Case:
-    """float32, logits up to 7.6e3: torch flex on CPU erred 2.97x the baseline (ci profile, hard regimes;
-    stored as .npz)."""
-    return Case.load(STORED / "torch-flex-cpu-large-logits-f32.npz")
-
-
-@witness
 def bfloat16_grad_one_by_one() -> Case:
     """bfloat16, one query and one key, with an output gradient."""
     rng = np.random.default_rng(9)

@@ -157,8 +157,45 @@ def naive_softmax_parts(case: Case, scaling: str, acc: str, dtype: str):
     return p, l, m
 
 
+# One float32 rounding unit per logit, at the magnitude of the logit's summands (SPEC section 12.1, item 5).
+LOGIT_ORDER_UNITS = 1.0
+U32 = 2.0 ** -24
+
+
+def logit_order_error(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """First-order effect on the output and the lse of every logit erring by LOGIT_ORDER_UNITS float32
+    rounding units at the magnitude of its summands, d_ij = u |scale| sum_d |q_id k_jd|:
+    |dO_ie| <= sum_j P_ij d_ij |v_je - O_ie| and |dlse_i| <= sum_j P_ij d_ij (P, O: the reference's).
+
+    The summation order of a logit's Dk products is the kernel's to choose, and the envelope samples only a
+    few orders; in a row whose output hangs on the difference of two logits in the hundreds, the kernel's
+    order is one more sample that can land beyond all of them (SPEC section 12.1, item 5)."""
+    key = ("logit_order_error",)
+    if key in case._cache:
+        return case._cache[key]
+    ref = oracle(case)
+    hq = case.shape["Hq"]
+    with np.errstate(all="ignore"):
+        q = np.nan_to_num(case.q, nan=0.0, posinf=0.0, neginf=0.0)
+        k = np.nan_to_num(expand_kv(case.k, hq), nan=0.0, posinf=0.0, neginf=0.0)
+        v = np.nan_to_num(expand_kv(case.v, hq), nan=0.0, posinf=0.0, neginf=0.0)
+        d = LOGIT_ORDER_UNITS * U32 * abs(case.effective_scale) * (np.abs(q) @ np.swapaxes(np.abs(k), -1, -2))
+        w = np.where(ref.visible, np.nan_to_num(ref.weights, nan=0.0), 0.0) * d          # (B, Hq, Lq, Lk)
+        out = np.nan_to_num(ref.out, nan=0.0, posinf=0.0, neginf=0.0)
+        err_o = np.zeros(ref.out.shape)
+        b, h, lq, lk = w.shape
+        step = max(1, int(4e6 // max(1, b * h * lk * v.shape[-1])))      # rows per chunk: bounded memory
+        for i in range(0, lq, step):
+            dev = np.abs(v[:, :, None, :, :] - out[:, :, i:i + step, None, :])         # (B, Hq, rows, Lk, Dv)
+            err_o[:, :, i:i + step] = np.einsum("bhij,bhije->bhie", w[:, :, i:i + step], dev)
+        err_l = w.sum(axis=-1)
+    case._cache[key] = (err_o, err_l)
+    return err_o, err_l
+
+
 def baseline_error(case: Case, dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Elementwise max over the naive variants of |O_base - O_ref| and |lse_base - lse_ref|."""
+    """Elementwise max over the naive variants of |O_base - O_ref| and |lse_base - lse_ref|, and at least the
+    effect of the logits' summation order (`logit_order_error`)."""
     dtype = dtype or case.dtype
     key = ("baseline_error", dtype)
     if key in case._cache:
@@ -174,6 +211,9 @@ def baseline_error(case: Case, dtype: str | None = None) -> tuple[np.ndarray, np
             el = np.where(finite_l, np.abs(l - np.where(finite_l, ref.lse, 0.0)), 0.0)
             err_o = np.fmax(err_o, np.where(np.isfinite(eo), eo, 0.0))
             err_l = np.fmax(err_l, np.where(np.isfinite(el), el, 0.0))
+        order_o, order_l = logit_order_error(case)
+        err_o = np.fmax(err_o, np.where(finite_o, order_o, 0.0))
+        err_l = np.fmax(err_l, np.where(finite_l, order_l, 0.0))
     case._cache[key] = (err_o, err_l)
     return err_o, err_l
 

@@ -205,21 +205,12 @@ def test_catalogue_is_complete():
 
 
 # ---- the suite against the catalogue (slow: one suite run per kernel) ------------------------------
-# The float32 control flash_attn_func fails ATTN-TOL-1 / ATTN-W-1 by a hair in the ci profile on this
-# machine: max error 1.06e-4 where 2 x the worst of the 36 naive variants (4.98e-5) + floor allows 1.00e-4
-# (ratio 2.12; 'overflow' regime, logits 50-200, B=2 Hq=4 L=32 D=32) and 1.75e-5 vs 1.66e-5 (ratio 2.14).
-# It is a plain float32 kernel (torch matmul, exp(s - m)): a false alarm of the 2x-baseline criterion on
-# rows whose weights hang on logits in the hundreds, not a bug. Recorded, not hidden: the test still runs,
-# and passes when the criterion is fixed (the closing note of issue 10 has the numbers).
-KNOWN_FALSE_ALARMS = {"flash_attn_func": "2x-baseline criterion, overflow regime, ratio 2.12 (see above)"}
 # The second implementation of each convention (flash_alt) costs about 100 s per suite run: `make test-long`.
 LONG = {("flash_alt", n) for n in ALT}
 
 
 def _control(module: str, name: str):
     marks = [pytest.mark.long] if (module, name) in LONG else []
-    if module == "flash" and name in KNOWN_FALSE_ALARMS:
-        marks.append(pytest.mark.xfail(reason=KNOWN_FALSE_ALARMS[name], strict=False))
     return pytest.param(module, name, marks=marks, id=f"{module}-{name}")
 
 

@@ -135,6 +135,13 @@ class ConventionAdapter(Adapter):
 
     trusted = False
     backend = "torch"
+    lse_dtypes = ("float32", "float16", "bfloat16")   # every convention returns its lse in float32
+
+    def lse_refusal(self, dtype: str) -> str | None:
+        if dtype in self.lse_dtypes:
+            return None
+        return (f"outside the {self.conv.name} convention: its lse is float32, so a {dtype} case's lse "
+                f"cannot be judged at {dtype} precision")
 
     def __init__(self, fn: Callable[..., Any], conv: Convention, device: str, name: str):
         super().__init__(device)
@@ -155,9 +162,8 @@ class ConventionAdapter(Adapter):
         outside = sorted(reqs - self.conv.features)
         if outside:
             return f"outside the {self.conv.name} convention: {', '.join(outside)}"
-        if "lse" in need and case.dtype == "float64":
-            return (f"outside the {self.conv.name} convention: its lse is float32, so a float64 case's lse "
-                    f"cannot be judged at float64 precision")
+        if "lse" in need and case.dtype not in self.lse_dtypes:
+            return self.lse_refusal(case.dtype)
         reason = self.conv.expressible(case)
         if reason is not True:
             return f"outside the {self.conv.name} convention: {reason}"

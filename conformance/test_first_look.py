@@ -1,0 +1,39 @@
+"""The pinned cases, in every dtype, before any other test (ATTN-OP-1, ATTN-TOL-1..4, ATTN-W-3).
+
+Each pinned case (strategies.AGREEMENT_PINS, strategies.CONVENTION_PINS) targets one way
+kernels break: bottom-right causal with Lq != Lk, rows that see no key, GQA and MQA, padding,
+masks, windows with either bound, softcap, ALiBi, packed and paged caches, decode. Run first
+(harness.first) and in every dtype, they show most bugs within a second of the run's start, so
+a kernel author running with -x gets the first failure at once; the Hypothesis properties that
+follow then search the rest of the input space. Each case is projected onto the kernel's
+declared scope (scope_fit.fit); the lse is judged where the kernel returns one that can be.
+
+PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
+"""
+from __future__ import annotations
+
+from attnconf.conformance import strategies as st
+from attnconf.conformance.harness import clauses, expect, first, for_cases, judge, lse_need, run
+from attnconf.conformance.scope_fit import fit
+from attnconf.conformance.tolerance import judge_lse, judge_output
+
+FIRST_LOOK = [c for d in st.DTYPES for c in st.pinned(st.AGREEMENT_PINS + st.CONVENTION_PINS, d)]
+
+
+@first(0)
+@clauses("ATTN-OP-1", "ATTN-TOL-1", "ATTN-TOL-2", "ATTN-TOL-3", "ATTN-TOL-4", "ATTN-W-3")
+@for_cases(st.fixed_cases(FIRST_LOOK), examples=FIRST_LOOK, weight=0.01)
+def test_pinned_cases_match_reference(impl, case):
+    """Each pinned case, fitted to the declared scope, agrees with the reference: output, and lse where returned."""
+    fitted = fit(case, impl)
+    if fitted is None:
+        run(impl, case)             # records why the case lies outside the scope
+        return
+    res = run(impl, fitted)
+    if res is None:
+        return
+    judge(judge_output(res.out, fitted), fitted, impl)
+    if lse_need(impl, fitted):
+        expect(res.lse is not None and res.lse.shape == fitted.out_shape[:3], "ATTN-W-3",
+               f"lse shape {None if res.lse is None else res.lse.shape} != {fitted.out_shape[:3]}", fitted, impl)
+        judge(judge_lse(res.lse, fitted), fitted, impl)
