@@ -58,7 +58,7 @@ def cell_minimum(adapter: Any, fixture: str, clauses: Iterable[str], dtype: str)
         caps = set(getattr(adapter, "capabilities", ()))
         counts: dict[tuple[str, str], int] = {}
         for t in plan():
-            if t.fixture != fixture or t.dtypes is None or t.opt_in:
+            if t.fixture != fixture or t.dtypes is None or t.opt_in or not t.shares_floor:
                 continue
             if any(not caps & set(n.split("|")) for n in t.needs):
                 continue
@@ -241,7 +241,7 @@ def first(rank: int):
 
 
 def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl", weight: float = 1.0,
-              dtypes: tuple[str, ...] | None = DTYPES, needs: tuple[str, ...] = ()):
+              dtypes: tuple[str, ...] | None = DTYPES, needs: tuple[str, ...] = (), shares_floor: bool = True):
     """Run the test for Hypothesis-generated cases, one pytest item per implementation and dtype.
 
     Each (test, implementation, dtype) cell draws its own cases (the strategy's dtype is fixed to the
@@ -252,6 +252,9 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
     implementation that declares none of them has the cell unsupported at once, without drawing a
     case. With --replay the test runs the saved case alone. The test takes (impl, case); any extra
     randomness comes from `np.random.default_rng(case.seed)`, so the case alone determines the run.
+    `shares_floor=False`: the test's examples count towards its clauses' coverage floor, but the other
+    tests citing them do not draw fewer on its account (`cell_minimum`; for a fixed list of pins whose
+    count per dtype the test cannot raise).
     """
     pinned = tuple(examples)
 
@@ -299,6 +302,7 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
         test.attnconf_dtypes = tuple(dtypes) if dtypes is not None else None
         test.attnconf_fixture = fixture
         test.attnconf_needs = tuple(needs)
+        test.attnconf_shares_floor = shares_floor
         if hasattr(fn, "pytestmark"):
             test.pytestmark = fn.pytestmark
         return test

@@ -39,6 +39,7 @@ class PlannedTest:
     dtypes: tuple[str, ...] | None   # None: not split into dtype cells
     opt_in: bool = False         # runs only when asked for (--long, --measure-memory)
     needs: tuple[str, ...] = ()  # features the property is about ("a|b": either); harness.for_cases
+    shares_floor: bool = True    # others citing its clauses may draw fewer on its account (harness.cell_minimum)
 
 
 def plan() -> list[PlannedTest]:
@@ -65,7 +66,8 @@ def plan() -> list[PlannedTest]:
                 continue
             opt_in = any(m.name == "attnconf_opt_in" for m in marks)
             out.append(PlannedTest(name, fixture, ids, getattr(fn, "attnconf_dtypes", None), opt_in,
-                                   tuple(getattr(fn, "attnconf_needs", ()))))
+                                   tuple(getattr(fn, "attnconf_needs", ())),
+                                   getattr(fn, "attnconf_shares_floor", True)))
     return out
 
 
