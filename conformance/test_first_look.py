@@ -1,4 +1,4 @@
-"""The pinned cases, in every dtype, before any other test (ATTN-OP-1, ATTN-TOL-1..4, ATTN-W-3).
+"""The pinned cases, in every dtype, before any other test (ATTN-OP-1, ATTN-TOL-1..4).
 
 Each pinned case (strategies.AGREEMENT_PINS, strategies.CONVENTION_PINS) targets one way
 kernels break: bottom-right causal with Lq != Lk, rows that see no key, GQA and MQA, padding,
@@ -7,7 +7,9 @@ masks, windows with either bound, softcap, ALiBi, packed and paged caches, decod
 every new shape, example_budget < 1), they show most bugs within a second of the run's start, so
 a kernel author running with -x gets the first failure at once; the Hypothesis properties that
 follow then search the rest of the input space. Each case is projected onto the kernel's
-declared scope (scope_fit.fit); the lse is judged where the kernel returns one that can be.
+declared scope (scope_fit.fit); the lse is judged where the kernel returns one that can be (a
+failure there names ATTN-W-3 or ATTN-EMPTY-2, but the test does not cite them: it would count
+towards their coverage floor on kernels that return no lse).
 
 PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
@@ -24,7 +26,7 @@ NATIVE = {(p["seed"], p.get("dtype", "float32")) for p in PINS}       # each pin
 
 
 @first(0)
-@clauses("ATTN-OP-1", "ATTN-TOL-1", "ATTN-TOL-2", "ATTN-TOL-3", "ATTN-TOL-4", "ATTN-W-3")
+@clauses("ATTN-OP-1", "ATTN-TOL-1", "ATTN-TOL-2", "ATTN-TOL-3", "ATTN-TOL-4")
 @for_cases(st.fixed_cases(FIRST_LOOK), examples=FIRST_LOOK, weight=0.01, shares_floor=False)
 def test_pinned_cases_match_reference(impl, case):
     """Each pinned case, fitted to the declared scope, agrees with the reference: output, and lse where returned."""

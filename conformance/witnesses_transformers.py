@@ -98,6 +98,12 @@ def hf_masked_overflow_f16() -> Case:
     return Case.build(q, k, v, mask=keep, dtype="float16")
 
 
+@witness
+def hf_masked_overflow_sinks_f16() -> Case:
+    """`hf_masked_overflow_f16` with a sink logit of 0.5 (gpt-oss's eager function always reads one)."""
+    return hf_masked_overflow_f16().replace(sinks=np.array([0.5]))
+
+
 def _sliding_window_one(lq: int, sinks: bool = False) -> Case:
     """float32, Lk = 4, window (0, 0) under bottom-right causal masking: `config.sliding_window = 1`, with the
     first 4 - Lq tokens already in the DynamicCache."""
