@@ -267,7 +267,7 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             lacking = [n for n in needs if not caps & set(n.split("|"))]
             if lacking:
                 pytest.skip(f"unsupported: {subject.name} declares none of {', '.join(lacking)}")
-            refusal = lse_refusal(subject.adapter, dtype) if "lse" in needs and dtype is not None else None
+            refusal = subject.adapter.lse_refusal(dtype) if "lse" in needs and dtype is not None else None
             if refusal:
                 pytest.skip(f"unsupported: {refusal}")
             if session.replay is not None:
@@ -309,17 +309,11 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
     return decorate
 
 
-def lse_refusal(adapter: Any, dtype: str) -> str | None:
-    """Why this adapter's lse cannot be judged in `dtype` (None if it can, or if it has no such notion)."""
-    refuse = getattr(adapter, "lse_refusal", None)
-    return refuse(dtype) if callable(refuse) else None
-
-
 def lse_need(impl: Subject, case: Case) -> frozenset[str]:
     """{"lse"} where the implementation returns an lse that can be judged in the case's dtype, else nothing:
     for properties that check the output always and the lse where there is one."""
     adapter = getattr(impl, "adapter", impl)
-    if "lse" not in adapter.capabilities or lse_refusal(adapter, case.dtype):
+    if "lse" not in adapter.capabilities or adapter.lse_refusal(case.dtype):
         return frozenset()
     return frozenset({"lse"})
 

@@ -54,16 +54,12 @@ def allows(*features: str) -> bool:
     return scope is None or all(f in scope["features"] for f in features)
 
 
-def declared(options: dict[str, str]) -> tuple[str, ...]:
-    """The names among `options` (name -> the feature it needs) that the implementation declares."""
-    return tuple(name for name, feature in options.items() if allows(feature))
-
-
 @st.composite
 def declared_choice(draw, options: dict[str, str]) -> str:
-    """One of `options` that the implementation declares (rejecting the draw if it declares none): a
-    strategy that hides keys by a mask, a bias or lengths draws only the ways the kernel can take."""
-    mine = declared(options)
+    """One of `options` (name -> the feature it needs) that the implementation declares, rejecting the draw
+    if it declares none: a strategy that hides keys by a mask, a bias or lengths draws only the ways the
+    kernel can take."""
+    mine = tuple(name for name, feature in options.items() if allows(feature))
     if not mine:
         reject()
     return draw(st.sampled_from(mine))

@@ -162,8 +162,8 @@ class ConventionAdapter(Adapter):
         outside = sorted(reqs - self.conv.features)
         if outside:
             return f"outside the {self.conv.name} convention: {', '.join(outside)}"
-        if "lse" in need and case.dtype not in self.lse_dtypes:
-            return self.lse_refusal(case.dtype)
+        if "lse" in need and (refusal := self.lse_refusal(case.dtype)):
+            return refusal
         reason = self.conv.expressible(case)
         if reason is not True:
             return f"outside the {self.conv.name} convention: {reason}"
