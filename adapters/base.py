@@ -100,6 +100,9 @@ class Implementation:
     trusted: bool = True                # False for third-party kernels
     example_budget: float = 1.0         # fraction of Hypothesis examples (e.g. < 1 where each new shape compiles)
     lse_dtypes: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")   # whose lse can be judged
+    # features every case it runs must carry (a function that always reads sinks); only those the
+    # strategies report offering can be required (conformance/strategies.py REQUIRABLE)
+    requires: frozenset[str] = frozenset()
 
     def lse_refusal(self, dtype: str) -> str | None:
         """Why a `dtype` case's lse cannot be judged here (None if it can): one fact, used by `supports` and by
@@ -131,9 +134,13 @@ class Adapter(Implementation, metaclass=ABCMeta):
     # -- capability checks, derived from the declaration above ------------
     def supports(self, case: Case, *, need: frozenset[str] = frozenset()) -> Literal[True] | str:
         """True, or a one-line reason why this implementation cannot run `case`."""
-        ok = self.lacks(self.requirements(case) | set(need))
+        needed = self.requirements(case)
+        ok = self.lacks(needed | set(need))
         if ok is not True:
             return ok
+        if self.requires - needed:
+            lacking = ", ".join(sorted(self.requires - needed))
+            return f"{self.name} runs only cases with {lacking}; this case has no {lacking}"
         if case.dtype not in self.dtypes:
             return f"{self.name} does not run {case.dtype}"
         if "lse" in need and (refusal := self.lse_refusal(case.dtype)):

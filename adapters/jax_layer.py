@@ -7,9 +7,14 @@ biases (heads, head_dim) and (E,). A LayerCase's (E, E) matrix whose columns
 matrix's rows [h*d:(h+1)*d] likewise. With dropout 0 flax hands the per-head
 attention to `jax.nn.dot_product_attention` (xla), so causal masking is
 top-left `is_causal` and the scale is fixed at 1/sqrt(head_dim).
+
+The layer runs under `nnx.jit`, as models run it, except in float16 and bfloat16, where JAX's
+attention can raise under jit on CPU (OP_BY_OP), so those run op by op. The module is built with zero
+initialisers: its weights are overwritten at once, and random initialisation only cost compile time.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import numpy as np
@@ -19,6 +24,23 @@ import jax.numpy as jnp
 
 from .base import KernelError, LayerAdapter
 from .jax_common import enable_x64, jax_device, precision_context, to_numpy
+
+
+# Under jit JAX's attention raises on CPU in these dtypes: float16 always (JAX-XLA-CPU-F16-JIT-RAISES),
+# bfloat16 on 1x1 shapes ("Algorithm not supported by the ElementalIrEmitter: ALG_DOT_BF16_BF16_F32",
+# measured with jax 0.10.2; the eager call falls back to the default precision).
+OP_BY_OP = ("float16", "bfloat16")
+
+
+def _call(m, xq, xk, xv, mask, *, is_causal: bool):
+    return m(xq, xk, xv, mask=mask, is_causal=is_causal, deterministic=True)
+
+
+@functools.cache
+def _call_jit():
+    from flax import nnx
+
+    return nnx.jit(_call, static_argnames=("is_causal",))
 
 
 class FlaxMhaAdapter(LayerAdapter):
@@ -55,6 +77,7 @@ class FlaxMhaAdapter(LayerAdapter):
         use_bias = any(b is not None for b in biases)
         m = nnx.MultiHeadAttention(num_heads=H, in_features=E, qkv_features=E, out_features=E,
                                    dtype=t, param_dtype=t, use_bias=use_bias, decode=False,
+                                   kernel_init=nnx.initializers.zeros_init(), bias_init=nnx.initializers.zeros_init(),
                                    rngs=nnx.Rngs(0))
         dev = jax_device(self.device)
 
@@ -76,7 +99,8 @@ class FlaxMhaAdapter(LayerAdapter):
         mask = None if lc.mask is None else jax.device_put(np.asarray(lc.mask, dtype=bool)[:, None], dev)
         try:
             with precision_context(self.options, lc.dtype):
-                out = m(xq, xk, xv, mask=mask, is_causal=lc.causal == "top_left", deterministic=True)
+                call = _call if lc.dtype in OP_BY_OP else _call_jit()
+                out = call(m, xq, xk, xv, mask, is_causal=lc.causal == "top_left")
         except Exception as exc:
             raise KernelError(f"{self.name} raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
         return to_numpy(out).astype(np.float64)
@@ -86,4 +110,5 @@ class FlaxMhaAdapter(LayerAdapter):
 
         return {**super().describe(), "framework": "jax", "version": jax.__version__, "flax": flax.__version__,
                 "api": "flax.nnx.MultiHeadAttention (nnx, not linen)",
-                "kernel": "flax nnx MultiHeadAttention -> jax.nn.dot_product_attention (xla)"}
+                "kernel": "flax nnx MultiHeadAttention -> jax.nn.dot_product_attention (xla)",
+                "run": f"under nnx.jit; {' and '.join(OP_BY_OP)} op by op (under jit jax's attention can raise on CPU)"}

@@ -485,12 +485,8 @@ class EagerSinksAdapter(EagerAdapter):
     config_class = GptOssConfig
     model_function = staticmethod(modeling_gpt_oss.eager_attention_forward)
     capabilities = EagerAdapter.capabilities | {"sinks"}
+    requires = frozenset({"sinks"})      # gpt-oss's eager function always reads module.sinks
     source = "models/gpt_oss/modeling_gpt_oss.py eager_attention_forward"
-
-    def impl_support(self, case: Case, p: Plan):
-        if case.sinks is None:
-            return f"{self.name}: gpt-oss's eager function always reads module.sinks; the case has no sinks"
-        return True
 
     def module(self, case, p, cfg):
         m = super().module(case, p, cfg)

@@ -39,36 +39,40 @@ from . import strategies as strategies_module
 
 MAX_SAMPLES = 100
 MIN_CELL_EXAMPLES = 3          # Hypothesis examples per (test, implementation, dtype) cell, at least
-_SHARES: dict[tuple[str, str], dict[str, int]] = {}
 
 
-def cell_minimum(adapter: Any, fixture: str, clauses: Iterable[str], dtype: str) -> int:
-    """The fewest examples a (test, dtype) cell needs for the coverage floor of its clauses.
+def cell_minimum(adapter: Any, session: "Session", clauses: Iterable[str], dtype: str) -> int:
+    """The fewest examples a (test, dtype) cell draws for the coverage floor of its clauses.
 
-    MIN_CELL_EXAMPLES, except for an implementation that compiles every new shape (example_budget
-    < 1): there the floor is per clause x dtype (spec/coverage.toml), and a clause that k tests cite
-    in this implementation's scope reaches it with ceil(floor / k) examples from each, so each test
-    draws max over its clauses of that (at least 1) instead of the floor itself."""
-    if getattr(adapter, "example_budget", 1.0) >= 1.0:
+    MIN_CELL_EXAMPLES, except for an implementation that compiles every new shape (example_budget < 1):
+    there the floor is per clause x dtype (spec/coverage.toml), and a cell draws what its clauses still
+    lack after the cells run before it (largest over its clauses, at least 1). A cell that ends
+    unsupported leaves the whole deficit to the next one citing the clause, so sharing never leaves a
+    clause below the floor that a later cell could fill; under xdist each worker counts its own cells."""
+    if getattr(adapter, "example_budget", 1.0) >= 1.0 or not clauses:
         return MIN_CELL_EXAMPLES
-    key = (getattr(adapter, "name", repr(adapter)), fixture)
-    if key not in _SHARES:
-        from .verdict import plan
+    return max([MIN_CELL_EXAMPLES - session.floor_checked.get((adapter.name, c, dtype), 0) for c in set(clauses)]
+               + [1])
 
-        caps = set(getattr(adapter, "capabilities", ()))
-        counts: dict[tuple[str, str], int] = {}
-        for t in plan():
-            if t.fixture != fixture or t.dtypes is None or t.opt_in or not t.shares_floor:
-                continue
-            if any(not caps & set(n.split("|")) for n in t.needs):
-                continue
-            for c in set(t.clauses):
-                for d in t.dtypes:
-                    counts[(c, d)] = counts.get((c, d), 0) + 1
-        _SHARES[key] = counts
-    counts = _SHARES[key]
-    return max([-(-MIN_CELL_EXAMPLES // max(counts.get((c, dtype), 1), 1)) for c in set(clauses)]
-               or [MIN_CELL_EXAMPLES])
+
+def floor_sharing(adapter: Any, clauses: Iterable[str], dtype: str | None, needs: Iterable[str],
+                  shares_floor: bool) -> bool:
+    """Whether a cell takes part in sharing its clauses' floor (cell_minimum): a dtype cell of a
+    compile-per-shape implementation that draws cases and is not refused before drawing any."""
+    return (dtype is not None and shares_floor and bool(tuple(clauses))
+            and getattr(adapter, "example_budget", 1.0) < 1.0 and refused_at_once(adapter, needs, dtype) is None)
+
+
+def refused_at_once(adapter: Any, needs: Iterable[str], dtype: str | None) -> str | None:
+    """Why a cell is unsupported before drawing a case: the implementation declares none of a needed
+    feature, or cannot return an lse to judge in `dtype`; None if it draws."""
+    caps = set(getattr(adapter, "capabilities", ()))
+    lacking = [n for n in needs if not caps & set(n.split("|"))]
+    if lacking:
+        return f"{adapter.name} declares none of {', '.join(lacking)}"
+    if "lse" in needs and dtype is not None:
+        return adapter.lse_refusal(dtype)
+    return None
 
 
 class ConformanceFailure(AssertionError):
@@ -117,6 +121,8 @@ class Session:
     timeouts: dict[str, int] = field(default_factory=dict)
     entries: list = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    # (implementation, clause, dtype) -> examples that checked it so far in cells sharing the floor (cell_minimum)
+    floor_checked: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.time() > self.deadline
@@ -263,18 +269,16 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             subject: Subject = kwargs[fixture]
             dtype: str | None = kwargs.get("dtype")
             _, rec, session = _parts(subject)
-            caps = set(getattr(subject.adapter, "capabilities", ()))
-            lacking = [n for n in needs if not caps & set(n.split("|"))]
-            if lacking:
-                pytest.skip(f"unsupported: {subject.name} declares none of {', '.join(lacking)}")
-            refusal = subject.adapter.lse_refusal(dtype) if "lse" in needs and dtype is not None else None
+            refusal = refused_at_once(subject.adapter, needs, dtype)
             if refusal:
                 pytest.skip(f"unsupported: {refusal}")
             if session.replay is not None:
                 return _one_example(fn, subject, session.replay, generated=False)
+            # @clauses sits above @for_cases, so its mark is on this wrapper, not on fn
+            cited = [c for m in getattr(test, "pytestmark", []) if m.name == "clauses" for c in m.args]
+            sharing = floor_sharing(subject.adapter, cited, dtype, needs, shares_floor)
+            least = cell_minimum(subject.adapter, session, cited, dtype) if sharing else MIN_CELL_EXAMPLES
             share = len(DTYPES) if dtype is not None else 1
-            cited = [c for m in getattr(fn, "pytestmark", []) if m.name == "clauses" for c in m.args]
-            least = cell_minimum(subject.adapter, fixture, cited, dtype) if dtype is not None else MIN_CELL_EXAMPLES
             n = max(least, round(hsettings.default.max_examples * weight
                                  * getattr(subject.adapter, "example_budget", 1.0) / share))
 
@@ -285,14 +289,20 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             h = hsettings(hsettings.default, max_examples=n)(h)
             if session.seed is not None:
                 h = hseed(session.seed)(h)
-            with strategies_module.cell(dtype, scope_of(subject.adapter)):
-                try:
-                    return h()
-                except Unsatisfiable:
-                    if rec.checked:        # some examples were judged: Hypothesis ran out of valid draws
-                        return None
-                    pytest.skip(f"unsupported: no case of this cell could be run "
-                                f"({'; '.join(sorted(rec.unsupported_reasons)) or 'nothing to judge'})")
+            try:
+                with strategies_module.cell(dtype, scope_of(subject.adapter)):
+                    try:
+                        return h()
+                    except Unsatisfiable:
+                        if rec.checked:        # some examples were judged: Hypothesis ran out of valid draws
+                            return None
+                        pytest.skip(f"unsupported: no case of this cell could be run "
+                                    f"({'; '.join(sorted(rec.unsupported_reasons)) or 'nothing to judge'})")
+            finally:
+                if sharing:
+                    for c in set(cited):
+                        key = (subject.adapter.name, c, dtype)
+                        session.floor_checked[key] = session.floor_checked.get(key, 0) + rec.checked
 
         params = (fixture, "dtype") if dtypes is not None else (fixture,)
         test.__signature__ = inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -340,6 +350,7 @@ def _one_example(fn, subject: Subject, case, *, generated: bool = True) -> None:
     finally:
         judged = rec.end_example()
     if generated and not judged:
+        _give_up_if_never_offered(subject, rec)
         # Nothing was judged (the property had nothing to compare on this case, the implementation
         # refused it, or the call raised as a divergence declares): let Hypothesis draw another, so each
         # cell gets its examples' worth of evidence (the coverage floor). This depends on the case alone,
@@ -347,6 +358,27 @@ def _one_example(fn, subject: Subject, case, *, generated: bool = True) -> None:
         # which for_cases records as unsupported.
         rec.rejected += 1
         reject()
+
+
+OFFER_DRAWS = 20     # draws after which a feature the implementation requires, never offered, ends the cell
+
+
+def _give_up_if_never_offered(subject: Subject, rec) -> None:
+    """An implementation that requires a feature of every case (`requires`, e.g. sinks) cannot run a cell
+    whose strategy never gives its cases that feature: after OFFER_DRAWS draws with nothing judged and the
+    feature never offered (strategies.offer), the cell is unsupported at once instead of after Hypothesis's
+    hundreds of draws. A strategy that offers it at all (even on one draw in two) is never cut short."""
+    required = frozenset(getattr(subject.adapter, "requires", frozenset()))
+    if not required or rec.checked or rec.divergent or rec.rejected < OFFER_DRAWS - 1:
+        return
+    unknown = required - strategies_module.REQUIRABLE
+    if unknown:
+        raise ValueError(f"{subject.name} requires {', '.join(sorted(unknown))} of every case; only "
+                         f"{', '.join(sorted(strategies_module.REQUIRABLE))} can be required")
+    missing = required - strategies_module.offered()
+    if missing:
+        pytest.skip(f"unsupported: {subject.name} runs only cases with {', '.join(sorted(missing))}, "
+                    f"which this test's cases never have (no {', '.join(sorted(missing))} in {OFFER_DRAWS} draws)")
 
 
 def scope_of(adapter: Adapter) -> dict[str, Any]:

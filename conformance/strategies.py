@@ -41,11 +41,30 @@ _CELL: ContextVar[tuple[str | None, dict[str, Any] | None]] = ContextVar("attnco
 @contextlib.contextmanager
 def cell(dtype: str | None, scope: dict[str, Any] | None) -> Iterator[None]:
     """Generate for one dtype and inside one declared scope (see the module docstring)."""
-    token = _CELL.set((dtype, scope))
+    token, seen = _CELL.set((dtype, scope)), _OFFERED.set(set())
     try:
         yield
     finally:
+        _OFFERED.reset(seen)
         _CELL.reset(token)
+
+
+# features an implementation may require of every case (Implementation.requires): the strategies that can
+# add one say so through `offer`, so that a cell whose strategy never does is unsupported at once
+REQUIRABLE = frozenset({"sinks"})
+_OFFERED: ContextVar[set[str] | None] = ContextVar("attnconf_offered", default=None)
+
+
+def offer(feature: str) -> None:
+    """Note that the strategy drawing now could have given its case `feature` (a REQUIRABLE one)."""
+    seen = _OFFERED.get()
+    if seen is not None:
+        seen.add(feature)
+
+
+def offered() -> frozenset[str]:
+    """The REQUIRABLE features the strategies of the current cell have offered so far."""
+    return frozenset(_OFFERED.get() or ())
 
 
 def allows(*features: str) -> bool:
@@ -649,6 +668,7 @@ SINK_OFFSETS = (-40.0, -5.0, -1.0, 0.0, 1.0, 5.0, 40.0)
 def sink_values(draw, case: Case) -> np.ndarray:
     """Per-head sinks placed against the heads' typical lse: far below (no effect), comparable, or far
     above (the sink dominates and scales rows by ~exp(lse - sink)); 0-centred when no row sees a key."""
+    offer("sinks")
     from attnconf.reference import oracle
 
     base = oracle(case.replace(sinks=None)).lse
@@ -716,8 +736,10 @@ def decode_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, lengths: tuple[int, 
         if allows("alibi") and draw(st.booleans()):
             changes["alibi_slopes"] = draw(alibi_slopes(case))
         case = case.replace(**changes) if changes else case
-        if allows("sinks") and draw(st.booleans()):
-            case = case.replace(sinks=draw(sink_values(case)))
+        if allows("sinks"):
+            offer("sinks")
+            if draw(st.booleans()):
+                case = case.replace(sinks=draw(sink_values(case)))
     return case
 
 
@@ -744,6 +766,8 @@ def variant_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, 
                         "softcap": allows("softcap"), "sinks": allows("sinks")}[f])
     if not offered:          # the implementation declares none of the variants: a plain case
         return case
+    if "sinks" in offered:
+        offer("sinks")
     on = draw(st.lists(st.sampled_from(offered), min_size=1, max_size=len(offered), unique=True))
     changes: dict = {}
     if "window" in on:
@@ -1048,6 +1072,7 @@ def probe_case(feature: str, *, seed: int = 0, dtype: str = "float32", b: int = 
     elif feature == "alibi":
         p["alibi_slopes"] = rng.uniform(0.5, 2.0, size=hq).astype(np.float32).astype(np.float64)
     elif feature == "sinks":
+        offer("sinks")
         p["sinks"] = np.full(hq, 5.0)
     elif feature == "mask":
         m = rng.random((b, 1, lq, lk)) < 0.5

@@ -88,6 +88,43 @@ def test_float16_on_cpu_runs_eagerly(xla):
     assert res.out_dtype == "float16" and "eager" in res.notes
 
 
+def test_float16_on_cpu_compiles_the_op_by_op_fallback_bit_for_bit():
+    """The compiled fallback graph equals the op-by-op call (the only float16 path users have on CPU) bit
+    for bit: the adapter compares its first calls, and here every one, lse included."""
+    from attnconf.adapters import jax as jax_adapter
+
+    fresh = XlaAdapter("cpu", {})
+    for i, params in enumerate(CASES.values()):
+        q, k, v = qkv()
+        case = Case.build(q, k, v, dtype="float16", **params)
+        args, static = fresh.jax_arguments(case, translate(case))
+        with jax_adapter._trace_time_fallback() as replaced:
+            assert replaced, "this JAX's attention no longer holds jnp_einsum: the float16 fast path is off"
+            fast = jax_adapter._attend_f16_cpu(*args, **static, residual=True)
+        slow = jax_adapter._attend(*args, **static, residual=True)
+        for a, b in zip(fast, slow):
+            assert np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True), list(CASES)[i]
+        res = fresh.run(case)
+        assert res.out_dtype == "float16" and "bitwise equal" in res.notes["eager"]
+    assert fresh._f16_compiled_ok and fresh._f16_verified == jax_adapter.F16_VERIFY_FIRST
+
+
+def test_float16_on_cpu_goes_op_by_op_when_the_compiled_graph_differs(monkeypatch):
+    from attnconf.adapters import jax as jax_adapter
+
+    real = jax_adapter._attend_f16_cpu
+    monkeypatch.setattr(jax_adapter, "_attend_f16_cpu",
+                        lambda *a, **kw: jax.tree_util.tree_map(lambda x: x * 1.5, real(*a, **kw)))
+    fresh = XlaAdapter("cpu", {})
+    q, k, v = qkv()
+    case = Case.build(q, k, v, dtype="float16")
+    res = fresh.run(case)
+    assert not fresh._f16_compiled_ok and "differed" in res.notes["eager"]
+    assert visible_rows_err(res, case) < 5e-3                      # the op-by-op answer, not the scaled one
+    again = fresh.run(case)
+    assert np.array_equal(again.out, res.out) and "op by op, as it must" in again.notes["eager"]
+
+
 def test_fully_masked_row_outputs_mean_of_v(xla):
     q, k, v = qkv(b=1, hq=1, hkv=1, lq=4, lk=6)
     mask = np.ones((1, 1, 4, 6), bool)
