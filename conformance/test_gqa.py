@@ -51,14 +51,14 @@ def check_against_mha(impl, case: Case, clause: str) -> None:
 
 
 @clauses("ATTN-GQA-1")
-@for_cases(st.gqa_cases(max_len=33, empty_rows=False), examples=PINNED_GQA, weight=0.25)
+@for_cases(st.gqa_cases(max_len=33, empty_rows=False), examples=PINNED_GQA, weight=0.25, needs=("gqa",))
 def test_gqa_is_repeat_interleave(impl, case):
     """With 1 < Hkv < Hq, the output equals that of K, V repeat-interleaved to Hq heads."""
     check_against_mha(impl, case, "ATTN-GQA-1")
 
 
 @clauses("ATTN-GQA-2")
-@for_cases(st.gqa_cases(max_len=33, mqa=True, empty_rows=False), examples=PINNED_MQA, weight=0.25)
+@for_cases(st.gqa_cases(max_len=33, mqa=True, empty_rows=False), examples=PINNED_MQA, weight=0.25, needs=("gqa",))
 def test_mqa_single_kv_head(impl, case):
     """With Hkv = 1, every query head attends with the one KV head."""
     check_against_mha(impl, case, "ATTN-GQA-2")
