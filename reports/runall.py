@@ -107,10 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         return label, verdict, code, secs
 
     # The slowest jobs first, so that the last one to start is a short one (measured on this 2-core CPU,
-    # two at a time, ci profile: transformers 349 s, jax 320, flax 294, transformers:flex about 280,
-    # tinygrad 201, torch:flex 195, onnx 163, tensorflow 157, equinox 130, torch 61, numpy 37).
-    slow_first = ["transformers", "jax", "flax", "transformers:flex", "tinygrad", "torch:flex", "onnx",
-                  "tensorflow", "equinox", "torch", "numpy"]
+    # two at a time, ci profile: transformers:flex 239 s, transformers 217, flax 212, tinygrad 155,
+    # onnx 149, jax 142, tensorflow 130, torch:flex 127, equinox 90, torch 54, numpy 30; 783 s in all).
+    slow_first = ["transformers:flex", "transformers", "flax", "tinygrad", "onnx", "jax", "tensorflow",
+                  "torch:flex", "equinox", "torch", "numpy"]
     todo.sort(key=lambda j: slow_first.index(j[1] or j[0]) if (j[1] or j[0]) in slow_first else len(slow_first))
     with ThreadPoolExecutor(max_workers=width) as pool:
         summary = list(pool.map(one, todo))
