@@ -76,3 +76,24 @@ def test_naive_backward_error_shrinks_with_precision():
     err16 = np.abs(naive_backward(case)["dq"] - ref.dq).max()
     err32 = np.abs(naive_backward(case, "float32")["dq"] - ref.dq).max()
     assert err32 < err16 * 1e-3
+
+
+@pytest.mark.parametrize("shapes", [((2, 7, 8), (2, 8, 5)), ((4, 129, 64), (4, 64, 129)),
+                                    ((2, 3, 9, 40), (1, 3, 40, 50)), ((1, 1, 385), (1, 385, 64))])
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+def test_seq_matmul_is_the_sequential_float32_sum(shapes, order):
+    """Both ways seq_matmul sums (one cumsum for small products, a loop over K above SMALL_PRODUCT)
+    give, bit for bit, the float32 cumulative sum of the float32 products in the stated order."""
+    from attnconf.reference.emulate import SMALL_PRODUCT, seq_matmul
+
+    rng = np.random.default_rng(3)
+    a, b = 10 * rng.standard_normal(shapes[0]), rng.standard_normal(shapes[1])
+    a[..., 1] = np.inf                                   # inf and nan propagate as the sum would
+    prod = (a.astype(np.float32)[..., :, :, None] * b.astype(np.float32)[..., None, :, :])
+    if order == "descending":
+        prod = prod[..., ::-1, :]
+    expected = np.cumsum(prod, axis=-2, dtype=np.float32)[..., -1, :]
+    got = seq_matmul(a, b, order)
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    assert np.array_equal(got, expected, equal_nan=True)
+    assert (prod.size > SMALL_PRODUCT) == (shapes[0][-2] > 7)     # both paths are exercised
