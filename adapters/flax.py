@@ -45,7 +45,7 @@ import flax.linen as nn
 
 from attnconf.reference import Case
 
-from .base import Adapter, KernelError, Result
+from .base import COMPILES_PER_SHAPE, Adapter, KernelError, Result
 from .jax_common import enable_x64
 from .jax import jax_device, precision_context, to_jax, to_numpy
 from .flax_layer import LinenMhaAdapter, first_line, framework_versions
@@ -131,6 +131,7 @@ class LinenDpaAdapter(Adapter):
     dtypes = ("float64", "float32", "float16", "bfloat16")
     capabilities = _DPA_CAPS
     max_head_dim = None
+    example_budget = COMPILES_PER_SHAPE   # flax's own function under jax.jit: every new shape compiles (0.2 s)
 
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None, *,
                  fn: Callable[..., Any] | None = None, name: str | None = None):
@@ -138,14 +139,10 @@ class LinenDpaAdapter(Adapter):
         super().__init__("gpu" if device == "cuda" else device)
         self.options = dict(options or {})
         self.fn = nn.dot_product_attention if fn is None else fn
-        if fn is None:
-            # flax's own function under jax.jit compiles every new shape (about 0.2 s an example on this
-            # 2-core CPU, measured in the ci run): its cells share their clauses' coverage floor
-            # (harness.cell_minimum), as jax:xla's do. A third-party function keeps the full count.
-            self.example_budget = 0.35
-        if name is not None:   # a third-party --kernel
+        if name is not None:   # a third-party --kernel: the full count of examples
             self.name = name
             self.trusted = False
+            self.example_budget = 1.0
         self._fwd = jax.jit(functools.partial(_attend, self.fn), static_argnames=_STATIC)
         self._vjp = jax.jit(functools.partial(_attend_vjp, self.fn), static_argnames=_STATIC)
 
@@ -228,7 +225,6 @@ class LinenDpaFp32SoftmaxAdapter(LinenDpaAdapter):
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):
         enable_x64()      # float64 needs it; set when an adapter is made, never at import
         super().__init__(device, options, fn=functools.partial(nn.dot_product_attention, force_fp32_for_softmax=True))
-        self.example_budget = 0.35      # flax's own function, as in LinenDpaAdapter
 
     def kernel_name(self) -> str:
         return "flax.linen.dot_product_attention(force_fp32_for_softmax=True) under jax.jit"

@@ -22,7 +22,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from .base import KernelError, LayerAdapter
+from .base import COMPILES_PER_SHAPE, KernelError, LayerAdapter
 from .jax_common import enable_x64, jax_device, precision_context, to_numpy
 
 
@@ -48,9 +48,7 @@ class FlaxMhaAdapter(LayerAdapter):
 
     backend = "jax"
     name = "jax:flax-mha"
-    # every new shape compiles, under nnx.jit or op by op (0.1-0.8 s an example on this 2-core CPU): its
-    # cells share the coverage floor (harness.cell_minimum), as jax:xla's do
-    example_budget = 0.35
+    example_budget = COMPILES_PER_SHAPE   # every new shape compiles, under nnx.jit or op by op (0.1-0.8 s an example)
     devices = ("cpu", "gpu")
     dtypes = ("float64", "float32", "float16", "bfloat16")
     # inputs_q and inputs_k may differ in length; a mask combines with is_causal

@@ -41,26 +41,15 @@ MAX_SAMPLES = 100
 MIN_CELL_EXAMPLES = 3          # Hypothesis examples per (test, implementation, dtype) cell, at least
 
 
-def cell_minimum(adapter: Any, session: "Session", clauses: Iterable[str], dtype: str) -> int:
-    """The fewest examples a (test, dtype) cell draws for the coverage floor of its clauses.
-
-    MIN_CELL_EXAMPLES, except for an implementation that compiles every new shape (example_budget < 1):
-    there the floor is per clause x dtype (spec/coverage.toml), and a cell draws what its clauses still
-    lack after the cells run before it (largest over its clauses, at least 1). A cell that ends
-    unsupported leaves the whole deficit to the next one citing the clause, so sharing never leaves a
-    clause below the floor that a later cell could fill; under xdist each worker counts its own cells."""
-    if getattr(adapter, "example_budget", 1.0) >= 1.0 or not clauses:
-        return MIN_CELL_EXAMPLES
-    return max([MIN_CELL_EXAMPLES - session.floor_checked.get((adapter.name, c, dtype), 0) for c in set(clauses)]
+def cell_minimum(session: "Session", implementation: str, clauses: Iterable[str], dtype: str) -> int:
+    """The fewest examples a (test, dtype) cell of a compile-per-shape implementation (example_budget < 1)
+    draws: what its clauses still lack of the coverage floor (spec/coverage.toml) after the cells that ran
+    before it, the largest over its clauses, at least 1. A cell that ends unsupported leaves the whole
+    deficit to the next one citing the clause, so sharing never leaves a clause below the floor that a later
+    cell could fill; under xdist each worker counts its own cells. Other implementations draw
+    MIN_CELL_EXAMPLES in every cell (for_cases)."""
+    return max([MIN_CELL_EXAMPLES - session.floor_checked.get((implementation, c, dtype), 0) for c in set(clauses)]
                + [1])
-
-
-def floor_sharing(adapter: Any, clauses: Iterable[str], dtype: str | None, needs: Iterable[str],
-                  shares_floor: bool) -> bool:
-    """Whether a cell takes part in sharing its clauses' floor (cell_minimum): a dtype cell of a
-    compile-per-shape implementation that draws cases and is not refused before drawing any."""
-    return (dtype is not None and shares_floor and bool(tuple(clauses))
-            and getattr(adapter, "example_budget", 1.0) < 1.0 and refused_at_once(adapter, needs, dtype) is None)
 
 
 def refused_at_once(adapter: Any, needs: Iterable[str], dtype: str | None) -> str | None:
@@ -276,8 +265,9 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
                 return _one_example(fn, subject, session.replay, generated=False)
             # @clauses sits above @for_cases, so its mark is on this wrapper, not on fn
             cited = [c for m in getattr(test, "pytestmark", []) if m.name == "clauses" for c in m.args]
-            sharing = floor_sharing(subject.adapter, cited, dtype, needs, shares_floor)
-            least = cell_minimum(subject.adapter, session, cited, dtype) if sharing else MIN_CELL_EXAMPLES
+            sharing = (shares_floor and dtype is not None and bool(cited)
+                       and getattr(subject.adapter, "example_budget", 1.0) < 1.0)
+            least = cell_minimum(session, subject.name, cited, dtype) if sharing else MIN_CELL_EXAMPLES
             share = len(DTYPES) if dtype is not None else 1
             n = max(least, round(hsettings.default.max_examples * weight
                                  * getattr(subject.adapter, "example_budget", 1.0) / share))
@@ -301,7 +291,7 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             finally:
                 if sharing:
                     for c in set(cited):
-                        key = (subject.adapter.name, c, dtype)
+                        key = (subject.name, c, dtype)
                         session.floor_checked[key] = session.floor_checked.get(key, 0) + rec.checked
 
         params = (fixture, "dtype") if dtypes is not None else (fixture,)

@@ -52,10 +52,12 @@ def seq_matmul(a: np.ndarray, b: np.ndarray, order: str = "ascending") -> np.nda
     out_shape = np.broadcast_shapes(a.shape[:-1] + (1,), b.shape[:-2] + (1, b.shape[-1]))
     if k == 0:
         return np.zeros(out_shape, np.float32)
-    steps = range(k - 1, -1, -1) if order == "descending" else range(k)
     if int(np.prod(out_shape)) * k <= SMALL_PRODUCT:
         prod = a[..., :, :, None] * b[..., None, :, :]                            # (..., M, K, N), float32
-        return np.cumsum(prod[..., list(steps), :], axis=-2, dtype=np.float32)[..., -1, :]
+        if order == "descending":
+            prod = prod[..., ::-1, :]
+        return np.cumsum(prod, axis=-2, dtype=np.float32)[..., -1, :]
+    steps = range(k - 1, -1, -1) if order == "descending" else range(k)
     # the same sums, one float32 rounding per product and per addition in the same order, without the
     # (M, K, N) products: 10 to 40 times faster from about 4 x 129 x 64 x 129 on (measured)
     first, *rest = steps
