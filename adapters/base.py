@@ -144,15 +144,18 @@ class Adapter(Implementation, metaclass=ABCMeta):
         ok = self.lacks(needed | set(need))
         if ok is not True:
             return ok
-        if self.requires - needed:
-            lacking = ", ".join(sorted(self.requires - needed))
-            return f"{self.name} runs only cases with {lacking}; this case has no {lacking}"
         if case.dtype not in self.dtypes:
             return f"{self.name} does not run {case.dtype}"
         if "lse" in need and (refusal := self.lse_refusal(case.dtype)):
             return refusal
         reason = self.limits_support(case)
-        return reason if reason is not True else self.extra_support(case)
+        reason = reason if reason is not True else self.extra_support(case)
+        if reason is True and self.requires - needed:
+            # last, so that a case refused for another reason too is shown with that one: fitting adds
+            # what is required (scope_fit.fit), not what else is wrong
+            lacking = ", ".join(sorted(self.requires - needed))
+            return f"{self.name} runs only cases with {lacking}; this case has no {lacking}"
+        return reason
 
     def limits_support(self, case: Case) -> Literal[True] | str:
         """The declared limits: head dims (a maximum or a list) and the longest sequence."""

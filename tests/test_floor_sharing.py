@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as hst
 
-from attnconf.adapters.base import Adapter
+from attnconf.adapters.base import CAPABILITIES, Adapter
 from attnconf.conformance import harness
 from attnconf.conformance import strategies as st
 from attnconf.reference import Case
@@ -126,3 +126,17 @@ def test_a_strategy_that_offers_the_required_feature_is_not_cut_short():
     test = harness.clauses("ATTN-OP-1")(harness.for_cases(sometimes_sinks(), dtypes=("float32",))(prop))
     rec = _run(test, adapter, session)
     assert rec.checked == round(25 / 4) and rec.examples > harness.OFFER_DRAWS
+
+
+def test_a_case_refused_for_another_reason_too_is_shown_with_that_reason():
+    """Fitting adds what a kernel requires, not what else is wrong: the requirement is the last refusal."""
+    class ReadsSinksNoFloat16(ReadsSinksAlways):
+        capabilities = CAPABILITIES
+
+        def extra_support(self, case):
+            return "stand-in: no float16" if case.dtype == "float16" else True
+
+    adapter = ReadsSinksNoFloat16()
+    assert adapter.supports(st.fixed_case(1, dtype="float16")) == "stand-in: no float16"
+    assert "runs only cases with sinks" in adapter.supports(st.fixed_case(1, dtype="float32"))
+    assert adapter.supports(st.fixed_case(1, dtype="float32", sinks=np.zeros(2))) is True
