@@ -34,17 +34,24 @@ class Alternative:
     name: str
     defines: tuple[str, ...]          # the quantities it says something about ("call" for raise/return)
     check: Callable[..., Verdict] | None = None
-    numeric: bool = False             # bounds the error of every covered element (allowed with region "any")
+    numeric: bool = False             # bounds the error of every covered element
+    # multiplies its allowance by the entry's `bound` (required with region "any", refused elsewhere)
+    takes_bound: bool = False
 
 
 ALTERNATIVES: dict[str, Alternative] = {}
 
 
-def alternative(name: str, defines: tuple[str, ...], *, numeric: bool = False):
+def alternative(name: str, defines: tuple[str, ...], *, numeric: bool = False, takes_bound: bool = False):
     def register(fn):
-        ALTERNATIVES[name] = Alternative(name, defines, fn, numeric)
+        ALTERNATIVES[name] = Alternative(name, defines, fn, numeric, takes_bound)
         return fn
     return register
+
+
+def _bound(entry: dict[str, Any]) -> float:
+    """The factor on an alternative's allowance that the entry states (`bound`; 1 where none is needed)."""
+    return float(entry.get("bound", 1.0))
 
 
 ALTERNATIVES["raises"] = Alternative("raises", ("call",))
@@ -310,10 +317,10 @@ def _float32_precision(entry, case, res, masks) -> Verdict:
     return Verdict(True)
 
 
-@alternative("bounded", FORWARD + GRADIENTS + ("layer",), numeric=True)
+@alternative("bounded", FORWARD + GRADIENTS + ("layer",), numeric=True, takes_bound=True)
 def _bounded(entry, case, res, masks) -> Verdict:
     """The spec's own tolerance model with its allowance multiplied by the entry's `bound`."""
-    f = float(entry["bound"])
+    f = _bound(entry)
     if hasattr(case, "num_heads"):
         return _judged(T.judge_layer(res.out, case, mask=masks["out"], factor=f))
     if "out" in masks:
@@ -332,12 +339,12 @@ def _bounded(entry, case, res, masks) -> Verdict:
     return Verdict(True)
 
 
-@alternative("recomputed_weights_float32", GRADIENTS, numeric=True)
+@alternative("recomputed_weights_float32", GRADIENTS, numeric=True, takes_bound=True)
 def _recomputed_weights_float32(entry, case, res, masks) -> Verdict:
     """The backward of a kernel that recomputes P as exp(s - lse) from float32 logits and a float32 lse
     (FlashAttention's backward): each weight is off by up to eps32 (|s_ij| + |lse_i| + 1) relative, and
     that reaches dV = P^T dO and, through dS = P (dP - D), dQ and dK. The allowance of SPEC section 12
-    plus gamma times that propagated error, elementwise."""
+    plus gamma times that propagated error, elementwise, multiplied by the entry's `bound`."""
     from attnconf.reference.backward import backward, group_sum
     from attnconf.reference.emulate_backward import gradient_baseline_error
 
@@ -370,16 +377,16 @@ def _recomputed_weights_float32(entry, case, res, masks) -> Verdict:
         r = getattr(ref, name)
         j = T.judge_arrays(np.broadcast_to(res.grads[name], r.shape), r, base[name] + gamma * add / c_max,
                            case.dtype, quantity=f"{name} (weights recomputed in float32)", model="gradient",
-                           magnitude=mags[name], mask=masks[name])
+                           magnitude=mags[name], mask=masks[name], factor=_bound(entry))
         if not j.ok:
             return _judged(j)
     return Verdict(True)
 
 
-@alternative("half_accumulation", ("out",), numeric=True)
+@alternative("half_accumulation", ("out",), numeric=True, takes_bound=True)
 def _half_accumulation(entry, case, res, masks) -> Verdict:
-    """c_max x the error of a naive implementation whose dot products accumulate in the case's own
-    half type (rounded after every addition), plus the floor."""
+    """`bound` x c_max x the error of a naive implementation whose dot products accumulate in the case's
+    own half type (rounded after every addition), plus the floor."""
     from attnconf.reference import baseline_error
     from attnconf.reference.emulate import naive_forward_half_accumulation
 
@@ -388,7 +395,7 @@ def _half_accumulation(entry, case, res, masks) -> Verdict:
     with np.errstate(invalid="ignore"):
         base = np.fmax(np.nan_to_num(np.abs(naive - ref), nan=0.0, posinf=0.0), baseline_error(case)[0])
     return _judged(T.judge_arrays(np.asarray(res.out), ref, base, case.dtype, quantity="out (half accumulation)",
-                                  mask=masks["out"]))
+                                  mask=masks["out"], factor=_bound(entry)))
 
 
 # ---- the reference of a nearby problem --------------------------------------------------

@@ -196,12 +196,17 @@ def _normalise(entry: dict[str, Any], witnesses: dict) -> dict[str, Any]:
         raise DivergenceError(f"{where}: field 'instead': unknown alternative {e['instead']!r}; "
                               f"known: {', '.join(sorted(ALTERNATIVES))}")
     alt = ALTERNATIVES[e["instead"]]
-    if e["region"] == "any" and not alt.numeric:
-        raise DivergenceError(f"{where}: region 'any' covers everything; it needs an alternative that bounds the "
-                              f"error ({', '.join(n for n, a in ALTERNATIVES.items() if a.numeric)}), "
-                              f"not {e['instead']!r}")
-    if e["instead"] == "bounded" and not isinstance(e.get("bound"), (int, float)):
-        raise DivergenceError(f"{where}: instead = 'bounded' needs a numeric field 'bound'")
+    takes = ", ".join(n for n, a in ALTERNATIVES.items() if a.takes_bound)
+    if e["region"] == "any" and not alt.takes_bound:
+        raise DivergenceError(f"{where}: region 'any' covers everything; it needs an alternative held to a stated "
+                              f"bound ({takes}), not {e['instead']!r}")
+    needs_bound = e["region"] == "any" or e["instead"] == "bounded"
+    bound = e.get("bound")
+    if needs_bound and (isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0):
+        raise DivergenceError(f"{where}: {'region = any' if e['region'] == 'any' else 'instead = bounded'} needs a "
+                              f"positive numeric field 'bound' (the factor on the alternative's allowance)")
+    if bound is not None and not alt.takes_bound:
+        raise DivergenceError(f"{where}: field 'bound': {e['instead']!r} takes no bound (those that do: {takes})")
     if e["instead"] == "finite_mask_bias" and not isinstance(e.get("value"), (int, float)):
         raise DivergenceError(f"{where}: instead = 'finite_mask_bias' needs a numeric field 'value'")
     if e["instead"] in ("raises", "returns") and e["region"] not in CASE_REGIONS:

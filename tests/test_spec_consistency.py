@@ -7,6 +7,7 @@ and names a known clause, region and witness.
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from attnconf import spec
@@ -70,3 +71,43 @@ def test_malformed_divergence_file_names_line_and_field(tmp_path):
                    'kind = "divergent"\nimplementations = ["*"]\nregion = "any"\nreason = "r"\nwitness = "w"\n')
     with pytest.raises(spec.SpecError, match=r"x.toml:1 \(entry 'A'\): missing field 'kind'"):
         spec.load_divergences(bad)
+
+
+def _tf_half_entry(**change):
+    entry = next(e for e in spec.divergences("tensorflow") if e["id"] == "TF-EAGER-F16-ACCUMULATION")
+    return {**entry, **change}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"bound": None}, "needs a positive numeric field 'bound'"),
+    ({"bound": 0.0}, "needs a positive numeric field 'bound'"),
+    ({"instead": "float32_precision", "bound": None}, "needs an alternative held to a stated bound"),
+    ({"region": "dtype_half", "instead": "float32_precision"}, "takes no bound"),
+])
+def test_an_entry_over_everything_states_a_bound_that_its_alternative_applies(change, message):
+    """Region 'any' exempts nothing unchecked: the entry states a bound, and only an alternative that
+    multiplies its allowance by it may carry one."""
+    from attnconf.conformance.alternatives import load_all
+    from attnconf.conformance.divergences import DivergenceError
+
+    load_all()
+    entry = {k: v for k, v in _tf_half_entry(**change).items() if v is not None}
+    with pytest.raises(DivergenceError, match=message):
+        Divergences([entry], "cpu")
+
+
+def test_the_stated_bound_is_the_factor_the_alternative_judges_with(monkeypatch):
+    from attnconf.conformance import alternatives
+    from attnconf.conformance import strategies as st
+    from attnconf.reference import oracle
+
+    seen = []
+    real = alternatives.T.judge_arrays
+    monkeypatch.setattr(alternatives.T, "judge_arrays",
+                        lambda *a, **k: seen.append(k.get("factor", 1.0)) or real(*a, **k))
+    case = st.fixed_case(3, dtype="float16")
+    res = type("R", (), {"out": oracle(case).out, "lse": None, "grads": None})()
+    masks = {"out": np.ones(case.out_shape, bool)}
+    for bound in (1.0, 0.25):
+        alternatives.ALTERNATIVES["half_accumulation"].check(_tf_half_entry(bound=bound), case, res, masks)
+    assert seen == [1.0, 0.25]
