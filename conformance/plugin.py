@@ -80,7 +80,7 @@ class RunState:
         self.started = time.time()
         self.last_write = 0.0
         self.write_cost = 0.0
-        self.gc_restore: tuple[int, int, int] | None = None
+        self.gc_restore: tuple[tuple[int, int, int], bool] | None = None   # thresholds, whether we froze
         self.run: dict[str, Any] | None = None
         self.interrupted = False
         self.environment: dict[str, Any] | None = None
@@ -255,21 +255,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     shape a compile-per-shape framework compiles (a jax ci run: 2.4 GB, 1260 XLA executables) and
     each full collection rescans all of it (20 of them, 3.8 s of a 97 s jax run, measured). What is
     alive once collection ends is frozen, and a full collection waits for GC_FULL_AFTER younger ones
-    instead of 10 (2.3 s of collection in that run); `pytest_unconfigure` restores both."""
+    instead of 10 (2.3 s of collection in that run); `pytest_unconfigure` restores both. A process that
+    froze objects itself keeps its own freezing."""
     state = _state(session.config)
     if state is None or state.gc_restore is not None:
         return
-    state.gc_restore = gc.get_threshold()
-    gc.freeze()
-    t0, t1, _ = state.gc_restore
+    froze = gc.get_freeze_count() == 0
+    if froze:
+        gc.freeze()
+    t0, t1, t2 = gc.get_threshold()
+    state.gc_restore = ((t0, t1, t2), froze)
     gc.set_threshold(t0, t1, GC_FULL_AFTER)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = _state(config)
     if state is not None and state.gc_restore is not None:
-        gc.set_threshold(*state.gc_restore)
-        gc.unfreeze()
+        thresholds, froze = state.gc_restore
+        gc.set_threshold(*thresholds)
+        if froze:
+            gc.unfreeze()
         state.gc_restore = None
 
 

@@ -99,3 +99,9 @@ def test_garbage_collection_is_restored_after_the_run(tmp_path):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["during"] == [[555, 7, plugin.GC_FULL_AFTER], True], out.stdout[-2000:]
     assert got["after"] == [[555, 7, 9], 0]
+    # a process that froze objects itself keeps them frozen
+    out = subprocess.run([sys.executable, "-c", code.replace("gc.set_threshold(555, 7, 9)\n",
+                                                              "gc.set_threshold(555, 7, 9)\ngc.freeze()\n")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["after"][0] == [555, 7, 9] and got["after"][1] > 0, out.stdout[-2000:]
