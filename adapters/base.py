@@ -76,6 +76,9 @@ class Result:
     lse: np.ndarray | None = None
     weights: np.ndarray | None = None
     grads: dict[str, np.ndarray] | None = None      # keys among dq, dk, dv, dbias
+    # the output of a second call that returned the lse (flash-attention's return_attn_probs=True),
+    # judged like `out`: a kernel whose statistics path computes another output is caught
+    out_with_lse: np.ndarray | None = None
     kernel: str = ""                                # what actually ran
     notes: dict[str, Any] = field(default_factory=dict)
 

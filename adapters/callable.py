@@ -15,7 +15,7 @@ import numpy as np
 
 from attnconf.reference import Case
 
-from .base import Adapter, KernelError, NotSupported, Result
+from .base import Adapter, ConventionViolation, KernelError, NotSupported, Result
 from .sdpa_convention import fold_mask
 
 FULL_SDPA = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "q_lengths", "kv_lengths",
@@ -49,16 +49,18 @@ class CallableAdapter(Adapter):
         return args, kwargs
 
     def call(self, args: tuple, kwargs: dict) -> Any:
-        snapshots = [self._to_numpy(a).copy() for a in args]
+        watched = {**dict(zip(("query", "key", "value"), args)),
+                   **({"attn_mask": kwargs["attn_mask"]} if kwargs.get("attn_mask") is not None else {})}
+        snapshots = {n: self._to_numpy(a).copy() for n, a in watched.items()}
         try:
             ret = self.fn(*args, **kwargs)
         except NotImplementedError as exc:  # the kernel says it does not do this case: unsupported, never passed
             raise NotSupported(f"{self.name} raised NotImplementedError: {str(exc).splitlines()[0] if str(exc) else ''}") from None
         except Exception as exc:  # the kernel's own failure, reported per test
             raise KernelError(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
-        for name, before, arr in zip(("query", "key", "value"), snapshots, args):
-            if not np.array_equal(before, self._to_numpy(arr), equal_nan=True):
-                raise KernelError(f"kernel mutated its input `{name}` in place")
+        for name, before in snapshots.items():
+            if not np.array_equal(before, self._to_numpy(watched[name]), equal_nan=True):
+                raise ConventionViolation("ATTN-OP-8", f"kernel mutated its input `{name}` in place")
         return ret
 
     def convert(self, ret: Any) -> tuple[np.ndarray, str]:

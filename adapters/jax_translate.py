@@ -8,6 +8,18 @@ directly; only bottom-right causal alignment that differs from top-left is
 folded into the boolean mask, per batch element with the case's lengths.
 GQA is expressed by giving K and V fewer heads: JAX reshapes the query heads
 to (K, G), so query head n uses KV head n // G (repeat_interleave grouping).
+
+Sliding windows: `local_window_size=(left, right)` keeps key j for query i iff
+`i - left <= j <= i + right` (`_get_window_mask` in jax/_src/nn/functions.py:
+`query_pos <= key_pos + left_window` and `query_pos >= key_pos - right_window`,
+built from the padded extents T, S alone), an int meaning `(w, w)`. That is the
+spec's window aligned top-left (ATTN-WIN-2, offset 0), and'ed with `is_causal`,
+the mask and the padding masks. A window is passed as `local_window_size` where
+the case's alignment offset is 0 in every batch element that has queries
+(top-left always; bottom-right when kv_len == q_len); a bound of -1 (unbounded)
+becomes the bound that never binds (left Lq - 1, right Lk - 1), since JAX gives
+-1 no special meaning (`i <= j - 1` would drop the diagonal). Any other window is
+folded into the boolean mask, per batch element, like bottom-right causal.
 """
 from __future__ import annotations
 
@@ -16,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnconf.reference import Case, causal_visible
+from attnconf.reference.attention import window_visible
 
 
 @dataclass
@@ -31,6 +44,7 @@ class JaxCall:
     scale: float | None = None
     q_lengths: np.ndarray | None = None   # int32 (B,)
     kv_lengths: np.ndarray | None = None  # int32 (B,)
+    local_window_size: tuple[int, int] | None = None   # (left, right), top-left, both >= 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -71,6 +85,37 @@ def bottom_right_mask(case: Case) -> np.ndarray:
     return out
 
 
+def window_is_top_left(case: Case) -> bool:
+    """The case's window sits on the top-left diagonal in every batch element that has queries
+    (offset kv_len - q_len = 0 there, or top-left alignment): `local_window_size` can say it."""
+    if case.window is None or case.window_align == "top_left":
+        return True
+    s = case.shape
+    ql = np.full(s["B"], s["Lq"]) if case.q_lengths is None else np.asarray(case.q_lengths)
+    kl = np.full(s["B"], s["Lk"]) if case.kv_lengths is None else np.asarray(case.kv_lengths)
+    return bool(np.all((ql == kl) | (ql == 0)))
+
+
+def local_window_size(case: Case) -> tuple[int, int] | None:
+    """`case.window` as `local_window_size` (top-left; -1 -> the bound that never binds); None for (-1, -1)."""
+    if case.window is None or tuple(case.window) == (-1, -1):
+        return None
+    s = case.shape
+    left, right = (int(w) for w in case.window)
+    return (left if left >= 0 else max(s["Lq"] - 1, 0), right if right >= 0 else max(s["Lk"] - 1, 0))
+
+
+def window_mask(case: Case) -> np.ndarray:
+    """(B, 1, Lq, Lk) bool: the case's window visibility (either alignment) with each batch element's lengths."""
+    s = case.shape
+    out = np.empty((s["B"], 1, s["Lq"], s["Lk"]), dtype=bool)
+    for b in range(s["B"]):
+        ql = None if case.q_lengths is None else int(case.q_lengths[b])
+        kl = None if case.kv_lengths is None else int(case.kv_lengths[b])
+        out[b, 0] = window_visible(s["Lq"], s["Lk"], case.window, case.window_align, ql, kl)
+    return out
+
+
 def translate(case: Case) -> JaxCall:
     """The JAX-convention arguments that express `case` exactly."""
     call = JaxCall(q=to_btnh(case.q), k=to_btnh(case.k), v=to_btnh(case.v), scale=case.scale)
@@ -85,6 +130,18 @@ def translate(case: Case) -> JaxCall:
             br = bottom_right_mask(case)
             mask = br if mask is None else (mask & br)
             call.notes.append("bottom_right folded into mask")
+    if case.window is not None:
+        if window_is_top_left(case):
+            call.local_window_size = local_window_size(case)
+            if call.local_window_size is None:
+                call.notes.append("window (-1, -1) is no window")
+            elif tuple(call.local_window_size) != tuple(case.window):
+                call.notes.append(f"window {list(case.window)}: -1 passed as a bound that never binds, "
+                                  f"local_window_size={call.local_window_size}")
+        else:
+            wm = window_mask(case)
+            mask = wm if mask is None else (mask & wm)
+            call.notes.append(f"window {list(case.window)}@{case.window_align} folded into mask")
     call.mask = mask
     call.bias = as_4d(case.bias)
     if case.q_lengths is not None:

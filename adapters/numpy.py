@@ -28,7 +28,7 @@ class ReferenceAdapter(Adapter):
 
     def run(self, case: Case, *, grads: bool = False) -> Result:
         f = reference.oracle(case)
-        w = f.weights
+        w, keep = f.weights, None
         if case.dropout_p:
             rng = np.random.default_rng(case.seed)
             keep = rng.random(w.shape) >= case.dropout_p
@@ -40,9 +40,12 @@ class ReferenceAdapter(Adapter):
         res = Result(out=round_to(out, t), out_dtype=t, lse=round_to(f.lse, "float32" if t != "float64" else t),
                      weights=round_to(w, t), kernel="reference float64, rounded once to the dtype")
         if grads:
-            from attnconf.reference.backward import backward  # noqa: PLC0415 (heavy only when asked)
+            from attnconf.reference.backward import backward, backward_arrays  # noqa: PLC0415 (heavy only when asked)
+            from attnconf.reference.attention import case_params  # noqa: PLC0415
 
-            g = backward(case)
+            # under dropout, the gradients of the forward it returned: the same keep mask (ATTN-DROP-3)
+            g = backward(case) if keep is None else backward_arrays(
+                case.q, case.k, case.v, case.grad_out, fwd=f, dropout=(keep, case.dropout_p), **case_params(case))
             res.grads = {n: round_to(getattr(g, n), t) for n in ("dq", "dk", "dv")}
             if case.bias is not None:
                 res.grads["dbias"] = round_to(g.dbias, t)
@@ -65,7 +68,7 @@ def implementations(device: str, options: dict[str, Any]) -> list[Adapter]:
 def kernel_adapter(fn: Callable[..., Any], device: str, name: str) -> Adapter:
     return CallableAdapter(
         fn, backend="numpy", name=name, device=device,
-        to_array=lambda x, dtype: np.asarray(x, dtype=bool) if dtype == "bool" else np.asarray(x).astype(numpy_dtype(dtype)),
+        to_array=lambda x, dtype: np.array(x, dtype=bool, copy=True) if dtype == "bool" else np.asarray(x).astype(numpy_dtype(dtype)),
         to_numpy=lambda a: a if isinstance(a, np.ndarray) and a.dtype != object else _not_array(a),
         dtype_name=lambda a: a.dtype.name)
 

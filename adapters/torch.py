@@ -19,7 +19,7 @@ from .callable import FULL_SDPA, CallableAdapter
 from .torch_convert import device_info, dtype_name, limit_threads, set_precision, to_numpy, to_tensor
 from .torch_flex import FlexAdapter
 from .torch_layer import MhaAdapter
-from .torch_sdpa import SDPA_ADAPTERS, ForcedPathUnavailable, SdpaAdapter, _clean
+from .torch_sdpa import SDPA_ADAPTERS, ForcedPathUnavailable, SdpaAdapter, _clean, _input
 
 IMPLEMENTATIONS: tuple[type[Implementation], ...] = (*SDPA_ADAPTERS, FlexAdapter, MhaAdapter)
 
@@ -34,20 +34,28 @@ def implementations(device: str, options: dict[str, Any]) -> list[Implementation
 
 
 class TorchKernelAdapter(CallableAdapter):
-    """A third-party torch kernel with the SDPA convention; gradients through autograd."""
+    """A third-party torch kernel with the SDPA convention; gradients through autograd.
+
+    Q, K and V come in the case's layout, as torch's own SDPA takes them: contiguous, the
+    (B, L, H, D) projection layout seen as (B, H, L, D) (`noncontiguous`), or K/V expanded from
+    batch 1 with stride 0 (`broadcast_kv`); a kernel that reads its inputs as contiguous memory
+    fails there. Gradients are taken with respect to the very tensors passed in."""
 
     def __init__(self, fn: Callable[..., Any], device: str, name: str):
         super().__init__(fn, backend="torch", name=name, device=device,
                          to_array=lambda x, dtype: to_tensor(x, dtype, device), to_numpy=to_numpy,
-                         dtype_name=dtype_name, capabilities=FULL_SDPA | {"grads"})
+                         dtype_name=dtype_name, capabilities=FULL_SDPA | {"grads", "noncontiguous", "broadcast_kv"})
+
+    def arguments(self, case: Case, *, grads: bool = False) -> tuple[tuple, dict]:
+        _, kwargs = super().arguments(case)
+        args = tuple(_input(x, case.dtype, self.device, grads=grads, layout=case.layout, kv=n != "q")
+                     for n, x in (("q", case.q), ("k", case.k), ("v", case.v)))
+        return args, kwargs
 
     def run(self, case: Case, *, grads: bool = False) -> Result:
         if case.dropout_p:
             torch.manual_seed(case.seed)
-        args, kwargs = self.arguments(case)
-        if grads:
-            for a in args:
-                a.requires_grad_(True)
+        args, kwargs = self.arguments(case, grads=grads)
         ret = self.call(args, kwargs)
         out, dtype = self.convert(ret)
         res = Result(out=out, out_dtype=dtype, kernel=self.name)

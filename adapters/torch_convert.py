@@ -21,12 +21,12 @@ DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 def to_tensor(x: np.ndarray, dtype: str, device: str = "cpu") -> torch.Tensor:
     """An exact torch copy of `x` as `dtype` ("bool" for masks) on `device`."""
-    x = np.asarray(x)
+    # np.array(copy=True): never the case's own memory, which a kernel writing into its inputs would corrupt
     if dtype == "bool":
-        return torch.from_numpy(np.ascontiguousarray(x, dtype=bool)).to(device)
+        return torch.from_numpy(np.array(x, dtype=bool, order="C", copy=True)).to(device)
     if dtype == "bfloat16":
-        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device=device, dtype=torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64)).to(device=device, dtype=TORCH_DTYPES[dtype])
+        return torch.from_numpy(np.array(x, dtype=np.float32, order="C", copy=True)).to(device=device, dtype=torch.bfloat16)
+    return torch.from_numpy(np.array(x, dtype=np.float64, order="C", copy=True)).to(device=device, dtype=TORCH_DTYPES[dtype])
 
 
 def to_numpy(t: Any) -> np.ndarray:

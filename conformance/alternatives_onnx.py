@@ -15,6 +15,14 @@ from attnconf.conformance.alternatives import FORWARD, Verdict, _exact, _judge_a
 from attnconf.reference import Case, expand_kv, numpy_dtype, oracle
 
 
+# ---- the contrib operators: scale 0 is the default's sentinel ----------------------------------------
+
+@alternative("default_scale", FORWARD)
+def _default_scale(entry, case, res, masks) -> Verdict:
+    """The reference of the same case with the default scale 1/sqrt(Dk) in place of the given one."""
+    return _judge_against(case.replace(scale=None), case, res, masks)
+
+
 # ---- MultiHeadAttention: the last row skipped by the causal loop ---------------------------------
 
 def causal_lifted_case(case: Case) -> Case:

@@ -151,7 +151,8 @@ def finfo_min_mask(case: Case) -> dict[str, np.ndarray]:
     an empty row is the softmax of its hidden keys' own logits (float16: -65504 is exact in float32) or
     their mean (float32, bfloat16, float64: the minimum absorbs the logit), and in float16 a hidden key
     whose logit beats the row's visible ones by more than 65504 takes the weight. Computed in float64."""
-    return {"out": _weighted(finfo_min_mask_weights(case), case)}
+    w = finfo_min_mask_weights(case)
+    return {"out": _weighted(w, case), "out_weights": w}
 
 
 def _empty_row_weights(case: Case, how: str) -> np.ndarray:

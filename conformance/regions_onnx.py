@@ -16,6 +16,12 @@ from attnconf.reference import Case, oracle
 
 
 @case_region
+def zero_scale(case: Case) -> bool:
+    """A custom scale of exactly 0: the contrib operators' attribute default, which they read as 'not given'."""
+    return getattr(case, "scale", None) == 0
+
+
+@case_region
 def negative_scale(case: Case) -> bool:
     """A custom scale below 0 (ATTN-OP-4 allows any finite scale)."""
     scale = getattr(case, "scale", None)

@@ -31,7 +31,9 @@ MEDIUM_LENGTHS = (47, 63, 64, 65, 81, 97, 113, 127, 128, 129)
 LARGE_LENGTHS = (193, 255, 257, 300, 385)
 HEAD_DIMS = (8, 16, 4, 1, 2, 3, 5, 32, 40, 64, 72, 80, 96, 104, 128, 160, 200, 256)
 GROUPS = (1, 2, 4, 8)
-REGIMES = ("ordinary", "large", "overflow", "mixed", "near_ties")
+REGIMES = ("ordinary", "large", "overflow", "mixed", "near_ties", "large_values")
+# short query blocks against a long history (speculative decoding, chunked prefill: split-KV paths)
+SHORT_QUERIES, LONG_HISTORIES = (2, 4, 8, 16), (513, 1024)
 FINITE_MAX = {"float64": 1e30, "float32": 1e30, "bfloat16": 1e30, "float16": 6e4}
 
 # (dtype, scope) of the cell being generated for; (None, None) outside a run (everything allowed).
@@ -137,11 +139,16 @@ def shapes(draw, *, gqa: bool = True, cross: bool = True, dv_ne_dk: bool = True,
     dv_ne_dk = dv_ne_dk and allows("dv_ne_dk")
     lq = draw(lengths(max_len))
     lk = draw(lengths(max_len)) if cross and draw(st.booleans()) else lq
+    cap = _limit("max_seqlen")
+    if cross and max_len >= max(LARGE_LENGTHS) and draw(st.integers(0, 9)) == 0:
+        longer = [n for n in LONG_HISTORIES if cap is None or n <= cap]
+        if longer:
+            lq, lk = draw(st.sampled_from(SHORT_QUERIES)), draw(st.sampled_from(longer))
     if _limit("kv_covers_q") and lk < lq:      # a kernel whose keys must cover its queries (e.g. a KV-cache op)
         lq, lk = lk, lq
     dk = draw(st.sampled_from(_head_dims()))
     dv = draw(st.sampled_from(_head_dims())) if dv_ne_dk and not same_d and draw(st.integers(0, 3)) == 0 else dk
-    hkv = draw(st.sampled_from((1, 2, 1, 3)))
+    hkv = draw(st.sampled_from((1, 2, 1, 3, 8)))
     group = draw(st.sampled_from(GROUPS)) if gqa else 1
     b = draw(st.sampled_from((1, 2, 3)))
     hq = hkv * group
@@ -177,6 +184,11 @@ def values(rng: np.random.Generator, s: dict[str, int], regime: str, dtype: str)
     elif regime == "near_ties":    # nearly identical keys and a sharp query: near-equal top logits
         k = k[:, :, :1, :] + 1e-3 * rng.normal(size=k.shape)
         q = q * 10.0
+    elif regime == "large_values" and dtype != "float16":
+        # outputs far from O(1), past float16's range (65504): a bfloat16 or float32 result stored through a
+        # float16 buffer overflows. Not in float16 itself, whose range leaves no room: the baseline's own
+        # dO V^T (and a correct kernel's dbias) would overflow there.
+        v = v * 10.0 ** rng.uniform(4.5, 6.0)
     if dtype == "float16":         # keep q * scale and logits inside fp16's range
         q = np.clip(q, -3e4, 3e4)
     return q, k, v
@@ -215,6 +227,10 @@ def mask_params(draw, rng: np.random.Generator, s: dict[str, int], *, causal: bo
             p["q_lengths"] = rng.integers(0 if empty_rows else 1, lq + 1, size=b)
         if _limit("kv_covers_q"):
             p["kv_lengths"] = np.minimum(np.maximum(p["kv_lengths"], p.get("q_lengths", np.full(b, lq))), lk)
+    elif padding and allows("q_lengths") and draw(st.integers(0, 5)) == 0:
+        # query padding alone: keys past a sequence's query length stay visible (a kernel that masks them
+        # with q_lengths where no kv_lengths were given is wrong)
+        p["q_lengths"] = rng.integers(0 if empty_rows else 1, lq + 1, size=b)
     return p
 
 
@@ -232,7 +248,7 @@ def cases(draw, *, dtypes: tuple[str, ...] = DTYPES, regimes: tuple[str, ...] = 
     q, k, v = values(rng, s, regime, dtype)
     params = draw(mask_params(rng, s, causal=causal, masks=masks, padding=padding, bias=bias, empty_rows=empty_rows))
     if custom_scale and allows("custom_scale") and draw(st.integers(0, 4)) == 0:
-        params["scale"] = draw(st.sampled_from((0.5, 1.0, 0.125, 2.0, 0.01)))
+        params["scale"] = draw(st.sampled_from((0.5, 1.0, 0.125, 2.0, 0.01, 0.0)))   # 0: every visible key alike
     layout = "contiguous"
     if layouts:
         layout = draw(st.sampled_from(("contiguous", "contiguous", "contiguous")
@@ -277,6 +293,10 @@ AGREEMENT_PINS: tuple[dict[str, Any], ...] = (
     dict(seed=10, Hq=2, Lq=9, Lk=5, Dk=8, causal="top_left", dtype="float64"),
     dict(seed=11, Hq=2, Lq=6, Lk=7, Dk=16, Dv=8, scale=0.3),
     dict(seed=12, B=2, Hq=2, Lq=6, Lk=8, Dk=16, bias=2.0 * np.random.default_rng(12).standard_normal((2, 1, 6, 8))),
+    dict(seed=13, Hq=1, Lq=5, Lk=257, Dk=256),                 # a wide head over several key blocks
+    dict(seed=14, Hq=16, Hkv=8, Lq=3, Lk=9, Dk=8),             # more than four KV heads, in pairs
+    dict(seed=15, Hq=2, Lq=4, Lk=1024, Dk=32),                 # a short query block over a long history
+    dict(seed=16, Hq=2, Lq=3, Lk=6, Dk=8, scale=0.0),          # scale 0 is given, not the default
 )
 # for the calling conventions of modern kernels; `scope_fit.fit` adapts each to the kernel's scope
 # (a decode kernel gets its last query row, a flash-attention kernel loses the mask, ...)
@@ -294,6 +314,7 @@ CONVENTION_PINS: tuple[dict[str, Any], ...] = (
          packing={"seq_order": [0, 1], "new_keys": 1, "page_size": 256, "block_seed": 3}),
     dict(seed=69, B=2, Hq=2, Lq=6, Lk=10, Dk=8, mask=np.random.default_rng(60).random((2, 1, 6, 10)) < 0.5),
     dict(seed=70, B=1, Hq=2, Lq=1, Lk=33, Dk=64, window=(7, -1), dtype="bfloat16"),   # decode
+    dict(seed=71, B=1, Hq=2, Lq=200, Lk=300, Dk=16, window=(16, -1)),   # a window across 128-key blocks
 )
 
 
@@ -365,7 +386,7 @@ def gqa_cases(draw, *, max_len: int = 65, mqa: bool = False, **switches) -> Case
     """Hkv < Hq with distinct KV heads: 2..4 KV heads in groups of 2..4, or Hkv = 1 (MQA) when `mqa`."""
     lq = draw(lengths(max_len))
     lk = draw(lengths(max_len)) if draw(st.booleans()) else lq
-    hkv = 1 if mqa else draw(st.sampled_from((2, 3, 4)))
+    hkv = 1 if mqa else draw(st.sampled_from((2, 3, 4, 8)))
     group = draw(st.sampled_from((2, 4, 8) if mqa else (2, 3, 4)))
     return draw(cases_with_shape(lq=lq, lk=lk, hkv=hkv, group=group, **switches))
 
@@ -548,9 +569,13 @@ def two_key_cases(draw, *, dk=None, dtypes: tuple[str, ...] = DTYPES, custom_sca
     return Case.build(q, k, v, dtype=dtype, seed=seed, scale=scale)
 
 
+# No p = 0.5 among the dropout probabilities: there 1/p == 1/(1-p), and a kernel rescaling by 1/p would pass.
+DROPOUT_PROBABILITIES = (0.1, 0.3, 0.7)
+
+
 @st.composite
-def dropout_cases(draw, *, dtypes: tuple[str, ...] = ("float32", "float64"),
-                  probabilities: tuple[float, ...] = (0.1, 0.3, 0.5)) -> Case:
+def dropout_cases(draw, *, dtypes: tuple[str, ...] = DTYPES,
+                  probabilities: tuple[float, ...] = DROPOUT_PROBABILITIES) -> Case:
     """One-hot V (Dv = Lk <= 16, V[j] = e_j), so each output entry is one dropped-or-kept weight;
     moderate logits (no weight near 0), no empty rows, at least 64 entries per call."""
     b, hq = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
@@ -566,6 +591,40 @@ def dropout_cases(draw, *, dtypes: tuple[str, ...] = ("float32", "float64"),
     v = np.broadcast_to(np.eye(lk), (b, hq, lk, lk)).copy()
     return Case.build(q, k, v, dtype=dtype, seed=seed, causal=draw(st.sampled_from((None, "top_left"))),
                       dropout_p=draw(st.sampled_from(probabilities)))
+
+
+@st.composite
+def dropout_cooccurrence_cases(draw, *, dtypes: tuple[str, ...] = DTYPES,
+                               probabilities: tuple[float, ...] = DROPOUT_PROBABILITIES) -> Case:
+    """Q = K = 0 (every weight 1/L) and one-hot V (Dk = Dv = Lq = Lk = L, V[j] = e_j), B = 2, H even, no
+    mask: each output entry is 0 (dropped) or 1/(L (1 - p)) (kept), so the keep mask of every batch
+    element, head, query row and key is read off the output, and each pairs with a neighbour along
+    every axis."""
+    h = draw(st.sampled_from((2, 4)))
+    n = draw(st.sampled_from((16, 32)))        # at least 512 pairs per call and axis: a few calls suffice
+    dtype = draw(dtype_choice(dtypes))
+    seed = draw(st.integers(0, 2**31))
+    q, k = np.zeros((2, h, n, n)), np.zeros((2, h, n, n))
+    v = np.broadcast_to(np.eye(n), (2, h, n, n)).copy()
+    return Case.build(q, k, v, dtype=dtype, seed=seed, dropout_p=draw(st.sampled_from(probabilities)))
+
+
+@st.composite
+def dropout_grad_cases(draw, *, dtypes: tuple[str, ...] = DTYPES,
+                       probabilities: tuple[float, ...] = DROPOUT_PROBABILITIES) -> Case:
+    """One-hot V (Dk = Dv = Lk, V[j] = e_j) with moderate logits, as `dropout_cases`, grouped key/value
+    heads where the implementation takes them, and an upstream gradient dO of standard normal entries."""
+    b, hkv = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2)))
+    hq = hkv * (draw(st.sampled_from((1, 2))) if allows("gqa") else 1)
+    lq, lk = draw(st.sampled_from((4, 8, 16))), draw(st.sampled_from((4, 8, 16)))
+    dtype = draw(dtype_choice(dtypes))
+    seed = draw(st.integers(0, 2**31))
+    rng = np.random.default_rng(seed)
+    q = 0.5 * rng.normal(size=(b, hq, lq, lk))
+    k = 0.5 * rng.normal(size=(b, hkv, lk, lk))
+    v = np.broadcast_to(np.eye(lk), (b, hkv, lk, lk)).copy()
+    return Case.build(q, k, v, dtype=dtype, seed=seed, grad_out=rng.normal(size=(b, hq, lq, lk)),
+                      causal=draw(st.sampled_from((None, "top_left"))), dropout_p=draw(st.sampled_from(probabilities)))
 
 
 # ---- variant strategies (sliding window, softcap, ALiBi, sinks, decode, lse) ----
@@ -588,6 +647,8 @@ def window_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, c
     masks and padding as `cases` draws them. Lq != Lk half the time, so alignment matters, and bottom-right
     windows over Lq > Lk or top-left windows past Lk leave rows empty (not with empty_rows=False, which
     also keeps masks and padding from emptying rows and widens a window that would)."""
+    if draw(st.integers(0, 7)) == 0:    # now and then lengths past 128-key blocks, where local kernels skip blocks
+        max_len = max(max_len, max(LARGE_LENGTHS))
     case = draw(cases(max_len=max_len, dtypes=dtypes, causal=causal, empty_rows=empty_rows, grad=grad,
                       layouts=layouts, **switches))
     lk = case.shape["Lk"]

@@ -15,7 +15,13 @@ from attnconf.conformance.tolerance import judge_gradients
 @clauses("ATTN-GRAD-1", "ATTN-GRAD-2", "ATTN-TOL-5")
 @for_cases(st.cases(grad=True, max_len=129, layouts=False), weight=1,
            examples=[st.fixed_case(11, B=2, Hq=4, Hkv=2, Lq=9, Lk=17, Dk=16, grad_out=np.ones((2, 4, 9, 16)),
-                                   causal="bottom_right")], needs=("grads",))
+                                   causal="bottom_right"),
+                     # keys over several 128-key blocks, then a wide head: backward kernels tile both
+                     st.fixed_case(12, Hq=2, Hkv=1, Lq=33, Lk=257, Dk=32,
+                                   grad_out=np.random.default_rng(12).normal(size=(1, 2, 33, 32))),
+                     st.fixed_case(13, Hq=1, Lq=9, Lk=129, Dk=256,
+                                   grad_out=np.random.default_rng(13).normal(size=(1, 1, 9, 256)))],
+           needs=("grads",))
 def test_gradients_match_reference(impl, case):
     """dQ, dK, dV (and dBias where the backend returns it) match the float64 backward."""
     res = run(impl, case, grads=True)

@@ -44,14 +44,32 @@ class Judgement:
                 f"mean error {self.e_mean:.3g} vs allowed {self.allowed_mean:.3g}; ratio {self.ratio_max:.3g}")
 
 
-def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
-    """The spacing of `dtype` at |x| (one unit in the last place)."""
+def _finfo(dtype: str):
     from attnconf.reference import numpy_dtype
 
     t = numpy_dtype(dtype)
-    with np.errstate(over="ignore"):
-        a = np.abs(x).astype(t)
-        return np.nextafter(a, np.array(np.inf, dtype=t)).astype(np.float64) - a.astype(np.float64)
+    try:
+        return np.finfo(t)
+    except ValueError:   # bfloat16 (ml_dtypes) keeps its own finfo
+        import ml_dtypes
+
+        return ml_dtypes.finfo(t)
+
+
+def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
+    """The spacing of `dtype` at |x| (one unit in the last place), after rounding |x| to `dtype`.
+
+    Computed from the exponent, 2**(max(e, emin) - mantissa bits), so a magnitude at or beyond the
+    dtype's largest finite value gets the ulp of its own binade, as if the exponent range went on,
+    never inf (the floor it feeds would otherwise let every error, even 0, fail).
+    """
+    info = _finfo(dtype)
+    a = np.abs(np.asarray(x, dtype=np.float64))
+    r = np.where(a > float(info.max), a, round_to(a, dtype))
+    with np.errstate(divide="ignore"):
+        e = np.floor(np.log2(np.where(r > 0, r, 1.0)))
+    e = np.where(r > 0, np.maximum(e, info.minexp), info.minexp)
+    return np.exp2(e - info.nmant)
 
 
 def rounding_noise(ref: np.ndarray, dtype: str) -> np.ndarray:
@@ -59,11 +77,16 @@ def rounding_noise(ref: np.ndarray, dtype: str) -> np.ndarray:
 
     The roundtrip is flash-attention's floor; one ulp of the output is added as its
     minimum because any final rounding to t may cost it while the baseline can be exact by luck.
+    Beyond the dtype's largest finite value (a gradient's summed terms can be) the roundtrip would
+    overflow, so the noise there is the ulp alone.
     """
-    x = round_to(ref, dtype)
+    a = np.abs(np.asarray(ref, dtype=np.float64))
+    beyond = a > float(_finfo(dtype).max) / 2
+    x = round_to(np.where(beyond, 0.0, a), dtype)
     with np.errstate(all="ignore"):
         y = round_to(round_to(x + 0.3, dtype) - 0.3, dtype)
-        return np.maximum(np.abs(y - x), ulp(x, dtype))
+        trip = np.abs(y - x)
+    return np.maximum(np.where(beyond, 0.0, trip), ulp(a, dtype))
 
 
 def _ratio(e: float, base: float) -> float:

@@ -20,6 +20,13 @@ def onnx_negative_scale() -> Case:
 
 
 @witness
+def onnx_zero_scale() -> Case:
+    """scale = 0, no mask: every key weighs alike, so the output is the mean of V."""
+    q, k, v = _qkv(23)
+    return Case.build(q, k, v, scale=0.0, dtype="float32")
+
+
+@witness
 def onnx_key_only_mask() -> Case:
     """A (B, 1, 1, Lk) padding-style mask hiding key 5, broadcast over heads and queries."""
     q, k, v = _qkv(22, b=2, h=2)

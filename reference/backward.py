@@ -62,7 +62,8 @@ def reduce_to_shape(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def backward_arrays(q, k, v, dout, *, mask=None, bias=None, causal=None, scale=None,
-                    q_lengths=None, kv_lengths=None, fwd=None, softcap=None, **variants) -> Grads:
+                    q_lengths=None, kv_lengths=None, fwd=None, softcap=None,
+                    dropout: tuple[np.ndarray, float] | None = None, **variants) -> Grads:
     """Gradients of sum(dout * attention(q, k, v, ...)) in float64.
 
     `fwd` may pass an already computed `forward(...)` of the same inputs. `variants` are the other
@@ -74,6 +75,10 @@ def backward_arrays(q, k, v, dout, *, mask=None, bias=None, causal=None, scale=N
     sum_j P[i,j] V[j], so dS = P (dP - D) with D = rowsum(dO * O). The sink's own gradient is
     dsink[h] = -sum over (b, i) of P_sink[b,h,i] * D[b,h,i], with P_sink = exp(sink - lse): the
     convention of flash-attention 4's `learnable_sink` (flash_attn/cute/flash_bwd_postprocess.py).
+
+    `dropout=(keep, p)` differentiates the dropped forward O = (keep * P / (1 - p)) V for that very
+    keep mask (ATTN-DROP-3): dV = (keep * P / (1 - p))^T dO, and dP reaches S only through the kept
+    entries, dS = P (keep * dO V^T / (1 - p) - D) with D = rowsum(dO * O) of the dropped O.
     """
     q, k, v, dout = (np.asarray(a, dtype=np.float64) for a in (q, k, v, dout))
     Hq, Hkv = q.shape[1], k.shape[1]
@@ -83,6 +88,7 @@ def backward_arrays(q, k, v, dout, *, mask=None, bias=None, causal=None, scale=N
                       q_lengths=q_lengths, kv_lengths=kv_lengths, softcap=softcap, **variants)
     p, vis = fwd.weights, fwd.visible
     ke, ve = expand_kv(k, Hq), expand_kv(v, Hq)
+    kept = 1.0 if dropout is None else np.where(dropout[0], 1.0 / (1.0 - dropout[1]), 0.0)
     with np.errstate(all="ignore"):
         # dP matters only at visible pairs: compute it with non-finite V rows zeroed, then
         # mark the columns of non-finite V rows NaN (a visible one makes the gradient undefined).
@@ -90,7 +96,11 @@ def backward_arrays(q, k, v, dout, *, mask=None, bias=None, causal=None, scale=N
         dp = np.matmul(dout, np.swapaxes(np.where(vbad, 0.0, ve), -1, -2))
         if vbad.any():
             dp = np.where(vbad.any(axis=-1)[..., None, :], np.nan, dp)
-        d = (dout * fwd.out).sum(axis=-1, keepdims=True)
+        out = fwd.out
+        if dropout is not None:
+            dp = dp * kept
+            out = _pair_matmul(p * kept, np.where(vbad, 0.0, ve), vis)
+        d = (dout * out).sum(axis=-1, keepdims=True)
         ds = np.where(vis, p * (dp - d), 0.0)
         dx = ds
         if softcap is not None:
@@ -98,7 +108,7 @@ def backward_arrays(q, k, v, dout, *, mask=None, bias=None, causal=None, scale=N
             dx = np.where(vis, ds * (1.0 - np.tanh(raw / softcap) ** 2), 0.0)
         dq = s * _pair_matmul(dx, ke, vis)
         dk_full = s * _pair_matmul(np.swapaxes(dx, -1, -2), q, np.swapaxes(vis, -1, -2))
-        dv_full = _pair_matmul(np.swapaxes(p, -1, -2), dout, np.swapaxes(vis, -1, -2))
+        dv_full = _pair_matmul(np.swapaxes(p * kept, -1, -2), dout, np.swapaxes(vis, -1, -2))
     dbias = None if bias is None else reduce_to_shape(ds, np.shape(bias))
     dsinks = None
     sinks = variants.get("sinks")

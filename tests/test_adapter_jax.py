@@ -200,3 +200,96 @@ def test_kernel_wrapper_rejects_bad_returns():
     q, k, v = qkv()
     with pytest.raises(KernelError):
         ad.run(Case.build(q, k, v, dtype="float32"))
+
+
+# ---- JAX-convention kernels: local_window_size and gradients -------------------------------------
+def _kernel(name: str):
+    return adapters.load("jax", kernel=f"tests.kernels.jax_kernels:{name}")[0]
+
+
+def _wcase(window, align="top_left", *, hq=4, hkv=2, lq=7, lk=9, d=8, dtype="float32", seed=3, **kw):
+    rng = np.random.default_rng(seed)
+    return Case.build(rng.standard_normal((2, hq, lq, d)), rng.standard_normal((2, hkv, lk, d)),
+                      rng.standard_normal((2, hkv, lk, d)), grad_out=rng.standard_normal((2, hq, lq, d)),
+                      window=window, window_align=align, dtype=dtype, **kw)
+
+
+def test_kernel_local_window_size_is_jax_top_left_window():
+    ad = _kernel("attention")
+    assert {"window_top_left", "grads", "dbias"} <= ad.capabilities and "window_bottom_right" not in ad.capabilities
+    # top-left: passed as it is; -1 becomes the bound that never binds (jax gives -1 no meaning)
+    assert ad.arguments(_wcase((2, 1)))[1]["local_window_size"] == (2, 1)
+    assert ad.arguments(_wcase((-1, 0)))[1]["local_window_size"] == (6, 0)      # Lq - 1
+    assert ad.arguments(_wcase((3, -1)))[1]["local_window_size"] == (3, 8)      # Lk - 1
+    assert "local_window_size" not in ad.arguments(_wcase((-1, -1)))[1]
+    assert "local_window_size" not in ad.arguments(_wcase(None))[1]
+    # bottom-right with offset 0 in every batch element is the same window; with another offset it is outside
+    same = _wcase((1, 2), "bottom_right", lk=7, q_lengths=[7, 0], kv_lengths=[7, 5])
+    assert ad.supports(same) is True and ad.arguments(same)[1]["local_window_size"] == (1, 2)
+    assert "lacks window_bottom_right" in ad.supports(_wcase((1, 2), "bottom_right"))
+    # jax.nn.dot_product_attention itself agrees: the translation is exact on the rows it defines
+    for case in (_wcase((2, 1)), _wcase((0, 3), causal="bottom_right"), same):
+        f = oracle(case)
+        rows = f.visible.any(-1)
+        xla = kernel_adapter(jax.nn.dot_product_attention, "cpu", "jax:kernel:jax.nn").run(case)
+        assert np.abs(xla.out - f.out)[rows].max() < 5e-6
+
+
+def test_correct_kernel_passes_window_and_gradient_cases():
+    from attnconf.conformance.tolerance import judge_gradients, judge_output
+
+    ad = _kernel("attention")
+    assert ad.scope()["grads"] and ad.scope()["source"] == "full jax convention (no declaration)"
+    rng = np.random.default_rng(5)
+    cases = [_wcase((2, 1)), _wcase((1, -1), causal="top_left", kv_lengths=[9, 4], q_lengths=[7, 3]),
+             _wcase((0, 2), bias=rng.standard_normal((2, 4, 7, 9)), dtype="float64"),
+             _wcase((-1, 0), lq=9, lk=4, dtype="bfloat16", mask=rng.random((2, 1, 9, 4)) > 0.3),   # empty rows
+             _wcase(None, bias=rng.standard_normal((1, 4, 7, 9)), causal="bottom_right")]
+    for case in cases:
+        assert ad.supports(case, need={"grads"}) is True
+        res = ad.run(case, grads=True)
+        assert judge_output(res.out, case).ok, case.summary()
+        assert set(res.grads) == ({"dq", "dk", "dv"} | ({"dbias"} if case.bias is not None else set()))
+        assert res.grads["dk"].shape == case.k.shape and res.grads["dbias" if case.bias is not None else "dv"].shape \
+            == (case.bias.shape if case.bias is not None else case.v.shape)
+        judged = judge_gradients(res.grads, case)
+        assert len(judged) == len(res.grads) and all(j.ok for j in judged), (case.summary(), judged)
+
+
+def test_kernel_that_ignores_local_window_size_is_caught():
+    from attnconf.conformance.tolerance import judge_output
+
+    witness = _wcase((1, 0))
+    assert judge_output(_kernel("attention").run(witness).out, witness).ok
+    assert not judge_output(_kernel("ignores_window").run(witness).out, witness).ok
+
+
+def test_kernel_with_a_wrong_custom_vjp_dq_is_caught():
+    from attnconf.conformance.tolerance import judge_gradients, judge_output
+
+    witness = _wcase((2, 1))
+    res = _kernel("wrong_dq").run(witness, grads=True)
+    assert judge_output(res.out, witness).ok                              # the forward is right
+    ok = {j.quantity: j.ok for j in judge_gradients(res.grads, witness)}
+    assert ok == {"dq": False, "dk": True, "dv": True}
+
+
+def test_forward_only_kernel_declares_no_grads(tmp_path):
+    from attnconf.adapters import scope
+    from attnconf.adapters.base import KernelError
+
+    ad = _kernel("forward_only")
+    case = _wcase((2, 1))
+    assert "grads" not in ad.capabilities and "grads" in ad.supports(case, need={"grads"})
+    assert ad.supports(case) is True and np.abs(ad.run(case).out - oracle(case).out).max() < 5e-6
+    assert "forward only" in scope.scope_sentence(ad.scope())
+    undeclared = kernel_adapter(ad.fn, "cpu", "jax:kernel:undeclared")      # full scope: grads asked, and fail
+    with pytest.raises(KernelError, match="backward"):
+        undeclared.run(case, grads=True)
+    decl = tmp_path / "scope.toml"
+    decl.write_text('grads = false\nfeatures = ["window_top_left", "gqa", "cross"]\n')
+    narrow = adapters.load("jax", kernel="tests.kernels.jax_kernels:attention", capabilities=str(decl))[0]
+    assert narrow.capabilities == {"window_top_left", "gqa", "cross"}
+    decl.write_text('features = ["window_bottom_right"]\n')
+    with pytest.raises(adapters.UsageError, match="cannot express window_bottom_right"):
+        adapters.load("jax", kernel="tests.kernels.jax_kernels:attention", capabilities=str(decl))

@@ -116,10 +116,23 @@ WITNESSES = {
     "heads_transposed": lambda: random_case(),
     "online_no_rescale": _rising_max,
     "drops_partial_block": lambda: random_case(Lk=37),
+    "reads_inputs_as_contiguous": lambda: random_case().replace(layout="noncontiguous"),
+    "gqa_kv_head_mod4": lambda: random_case(B=1, Hq=16, Hkv=8),
+    "split_kv_merge_without_sums": lambda: random_case(B=1, Hq=2, Hkv=1, Lq=4, Lk=1024),
+    "wide_head_no_rescale": lambda: _rising_max().replace(q=np.tile(_rising_max().q, 32), k=np.tile(_rising_max().k, 32),
+                                                          v=np.tile(_rising_max().v, 32)),
+    "scale_zero_means_default": lambda: random_case(scale=0.0),
+    "bf16_output_through_fp16": lambda: random_case(dtype="bfloat16").replace(v=random_case().v * 1e5),
+}
+# bugs whose forward output is right: each shows elsewhere
+MUTATION_WITNESSES = {"mask_scaled_in_place": lambda: random_case(kind="bias")}
+GRADIENT_WITNESSES = {
+    "dq_from_last_key_block": lambda: random_case(B=1, Hq=2, Hkv=1, Lq=5, Lk=257, dtype="float64",
+                                                  grad_out=np.random.default_rng(3).standard_normal((1, 2, 5, 8))),
 }
 
 
-@pytest.mark.parametrize("name", [b for b in BUGS if not b.startswith("dropout")])
+@pytest.mark.parametrize("name", [b for b in BUGS if b in WITNESSES])
 def test_bug_differs_from_reference_on_its_witness(name):
     case = WITNESSES[name]()
     ref = oracle(case).out
@@ -133,14 +146,54 @@ def test_bug_differs_from_reference_on_its_witness(name):
     assert worst > allowed
 
 
+@pytest.mark.parametrize("name", sorted(MUTATION_WITNESSES))
+def test_mutating_bug_is_refused_by_the_adapter(name):
+    """The output is right; the adapter sees the caller's argument change (ATTN-OP-8)."""
+    from attnconf.adapters import ConventionViolation
+
+    case = MUTATION_WITNESSES[name]()
+    assert np.abs(run_kernel("correct", "naive", case) - oracle(case).out).max() < 1e-5
+    with pytest.raises(ConventionViolation) as info:
+        run_kernel("buggy", name, case)
+    assert info.value.clause == "ATTN-OP-8"
+
+
+@pytest.mark.parametrize("name", sorted(GRADIENT_WITNESSES))
+def test_gradient_bug_differs_from_reference_backward(name):
+    from attnconf.reference import backward
+
+    case = GRADIENT_WITNESSES[name]()
+    adapter = adapters.load("torch", kernel=f"tests.kernels.buggy:{name}")[0]
+    res = adapter.run(case, grads=True)
+    ref = backward(case)
+    assert np.abs(res.out - oracle(case).out).max() < 1e-12          # the forward is right
+    assert np.abs(res.grads["dk"] - ref.dk).max() < 1e-10
+    assert np.abs(res.grads["dq"] - ref.dq).max() > 1e-3
+
+
 @pytest.mark.parametrize("name", [b for b in BUGS if b.startswith("dropout")])
 def test_dropout_bug_is_visible_in_statistics(name):
+    one_hot = random_case(B=1, Hq=2, Hkv=2, Lq=4, Lk=8, Dk=8, Dv=8, dtype="float64", dropout_p=0.3,
+                          grad_out=np.random.default_rng(5).standard_normal((1, 2, 4, 8)))
+    one_hot = one_hot.replace(v=np.broadcast_to(np.eye(8), (1, 2, 8, 8)).copy())   # out = the dropped weights
+    if name == "dropout_backward_fresh_mask":   # the forward is right; dV is not W^T dO for the W it returned
+        for kernel, wrong in (("correct:naive", False), (f"buggy:{name}", True)):
+            res = adapters.load("torch", kernel=f"tests.kernels.{kernel}")[0].run(one_hot, grads=True)
+            assert (np.abs(res.grads["dv"] - np.swapaxes(res.out, -1, -2) @ one_hot.grad_out).max() > 0.1) == wrong
+        return
+    if name == "dropout_shared_across_heads":   # each head alone is right; the two heads drop the same weights
+        for module, kernel, shared in (("correct", "naive", False), ("buggy", name, True)):
+            kept = np.stack([run_kernel(module, kernel, one_hot.replace(seed=s)) for s in range(20)]) != 0
+            assert (kept[:, :, 0] == kept[:, :, 1]).all() == shared
+        return
     base = random_case(B=1, Hq=1, Hkv=1, Lq=4, Lk=8, dtype="float64", dropout_p=0.5)
+    if name == "dropout_inverse_p":             # 1/p == 1/(1-p) at p = 0.5
+        base = base.replace(dropout_p=0.1)
     ref = oracle(base).out
     outs = np.stack([run_kernel("buggy", name, base.replace(seed=s)) for s in range(300)])
     mean_err = np.abs(outs.mean(axis=0) - ref).max()
-    if name == "dropout_no_rescale":
-        assert mean_err > 0.3            # E[out] = (1-p) * ref
+    if name in ("dropout_no_rescale", "dropout_inverse_p"):
+        assert mean_err > 0.3            # E[out] = (1-p) * ref, or (1-p)/p * ref
     else:
         assert (outs == outs[0]).all()   # nothing is ever dropped
 
@@ -153,7 +206,7 @@ def test_every_bug_names_a_known_clause():
     for name in BUGS:
         fn = buggy.BUGS[name]
         assert fn.clause in clauses and "Defect" in fn.__doc__, name
-        assert set(WITNESSES) | {"dropout_no_rescale", "dropout_ignored"} >= {name}
+        assert set(WITNESSES) | set(MUTATION_WITNESSES) | set(GRADIENT_WITNESSES) | {"dropout_no_rescale", "dropout_ignored", "dropout_inverse_p", "dropout_shared_across_heads", "dropout_backward_fresh_mask"} >= {name}
 
 
 # ---- the suite against the catalogue (slow: one suite run per kernel) ------------

@@ -157,6 +157,9 @@ WITNESSES = {
     "flashinfer_mask_ignored": (lambda: case(mask=np.random.default_rng(1).random((2, 1, 7, 9)) < 0.5), "out"),
     "decode_one_key_short": (lambda: case(Lq=1, Lk=9), "out"),
     "declares_float32_unimplemented": (lambda: case(dtype="float32"), "unsupported"),
+    "window_block_skip": (lambda: case(B=1, Lq=200, Lk=300, window=(16, -1)), "out"),
+    "probs_path_unnormalised": (lambda: case(), "out_with_lse"),
+    "lse_in_input_dtype": (lambda: case(dtype="bfloat16"), "violation:ATTN-LSE-1"),
 }
 
 
@@ -183,7 +186,7 @@ def test_bug_shows_on_its_witness(name):
         return
     res = a.run(c)
     ref = oracle(c)
-    got, want = (res.out, ref.out) if kind == "out" else (res.lse, ref.lse)
+    got, want = {"out": (res.out, ref.out), "out_with_lse": (res.out_with_lse, ref.out)}.get(kind, (res.lse, ref.lse))
     with np.errstate(invalid="ignore"):
         err = np.abs(np.where(np.isneginf(want), 0, got) - np.where(np.isneginf(want), 0, want))
     worst = np.inf if not np.isfinite(err).all() else float(err.max())

@@ -72,3 +72,21 @@ def test_replay_fails_the_same_way_every_time(tmp_path):
         assert proc.returncode == 1
         outcomes.append([line for line in proc.stdout.splitlines() if line.startswith("  FAILED")])
     assert outcomes[0] == outcomes[1] and rec["message"] in outcomes[0][0]
+
+
+def test_a_kernel_that_writes_into_its_mask_is_caught():
+    """ATTN-OP-8: the adapter snapshots every array argument, the mask included, not only Q, K and V."""
+    import numpy as np
+
+    from attnconf import adapters
+    from attnconf.adapters import ConventionViolation
+    from attnconf.reference import Case
+
+    rng = np.random.default_rng(0)
+    q, k, v = rng.normal(size=(1, 2, 3, 4)), rng.normal(size=(1, 2, 5, 4)), rng.normal(size=(1, 2, 5, 4))
+    case = Case.build(q, k, v, dtype="float32", bias=rng.normal(size=(1, 2, 3, 5)))
+    adapter = adapters.load("numpy", kernel="tests.kernels.hostile:mutates_mask")[0]
+    with pytest.raises(ConventionViolation) as info:
+        adapter.run(case)
+    assert info.value.clause == "ATTN-OP-8" and "attn_mask" in str(info.value)
+    assert adapter.run(case.replace(bias=None)).out.shape == (1, 2, 3, 4)

@@ -152,3 +152,33 @@ def test_nan_on_padded_query_rows_stays_on_those_rows():
     np.testing.assert_array_equal(dirty.dbias, clean.dbias)
     np.testing.assert_array_equal(dirty.dq[0], clean.dq[0])
     assert np.all(dirty.dq[1, :, 2:] == 0.0)
+
+
+def test_dropout_backward_matches_finite_differences_of_the_dropped_forward():
+    """ATTN-DROP-3: for a fixed keep mask, the gradients of O = (keep * P / (1 - p)) V (with GQA, a bias and
+    a softcap on), by central differences."""
+    from attnconf.reference import expand_kv
+
+    rng = np.random.default_rng(7)
+    hq, hkv, p = 4, 2, 0.3
+    q, k, v = rng.normal(size=(2, hq, 5, 3)), rng.normal(size=(2, hkv, 7, 3)), rng.normal(size=(2, hkv, 7, 3))
+    bias, dout = rng.normal(size=(2, hq, 5, 7)), rng.normal(size=(2, hq, 5, 3))
+    keep = rng.random((2, hq, 5, 7)) >= p
+
+    def loss(q, k, v, bias):
+        w = np.where(keep, forward(q, k, v, bias=bias, softcap=2.0).weights / (1 - p), 0.0)
+        return float((dout * (w @ expand_kv(v, hq))).sum())
+
+    g = backward_arrays(q, k, v, dout, bias=bias, softcap=2.0, dropout=(keep, p))
+    args = {"q": q, "k": k, "v": v, "bias": bias}
+    for name, got in (("q", g.dq), ("k", g.dk), ("v", g.dv), ("bias", g.dbias)):
+        num = np.zeros_like(args[name])
+        for idx in np.ndindex(num.shape):
+            hi, lo = dict(args), dict(args)
+            hi[name], lo[name] = args[name].copy(), args[name].copy()
+            hi[name][idx] += 1e-6
+            lo[name][idx] -= 1e-6
+            num[idx] = (loss(**hi) - loss(**lo)) / 2e-6
+        assert np.abs(num - got).max() < 1e-7, name
+    plain = backward_arrays(q, k, v, dout, bias=bias, softcap=2.0)
+    assert np.abs(plain.dv - g.dv).max() > 1e-2      # the mask matters

@@ -63,3 +63,36 @@ def test_logit_order_term_is_zero_where_nothing_is_summed():
     out, lse = logit_order_error(case)
     assert (out == 0).all()                       # one key: O = v exactly, |v - O| = 0
     assert lse[0, 0, 1] == 0 and lse[0, 0, 0] > 0  # the empty row has no term; the lse of a seen key has one
+
+
+def test_floor_is_finite_at_and_beyond_the_dtype_range():
+    """A magnitude at or past the dtype's largest finite value (a float16 gradient's summed terms reach
+    66157 on the fixture below) gets the ulp of its binade: a NaN or inf floor would fail an exact
+    result, or pass any result."""
+    from attnconf.conformance.tolerance import judge_arrays, ulp
+
+    for dtype, top in (("float16", 65504.0), ("bfloat16", 3.3895313892515355e38), ("float32", 3.4028234663852886e38)):
+        mags = np.array([top, top * 1.01, top * 16])
+        noise = rounding_noise(mags, dtype)
+        assert np.isfinite(noise).all() and (noise > 0).all(), (dtype, noise)
+        assert np.array_equal(ulp(mags, dtype), noise)
+    assert ulp(np.array([65504.0]), "float16")[0] == 32 and ulp(np.array([66157.0]), "float16")[0] == 64
+    zeros = np.zeros((1, 1, 4, 96))
+    ok = judge_arrays(zeros, zeros, zeros, "float16", quantity="dk", model="gradient",
+                      magnitude=np.full_like(zeros, 66157.0))
+    assert ok.ok and np.isfinite(ok.allowed_max), ok.explain()
+    big = np.full((1, 1, 2, 2), 65504.0)
+    wrong = judge_arrays(big + 4096.0, big, np.zeros_like(big), "float16")
+    assert not wrong.ok and np.isfinite(wrong.allowed_max), wrong.explain()
+
+
+def test_correct_kernel_passes_where_gradient_terms_pass_the_float16_range():
+    """The case that failed a correct kernel with 'allowed nan' (dK of float16, magnitude 66157)."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    from attnconf.conformance.tolerance import judge_gradients
+
+    case = Case.load(FIXTURES / "fp16-grad-magnitude-beyond-max.npz")
+    adapter = _adapter("torch", "tests.kernels.correct:naive", "sdpa")
+    for j in judge_gradients(adapter.run(case, grads=True).grads, case):
+        assert j.ok and np.isfinite(j.allowed_max), j.explain()

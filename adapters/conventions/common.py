@@ -95,6 +95,7 @@ class Convention:
     dtypes: tuple[str, ...] = ALL_DTYPES
     max_head_dim: int | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    writes: tuple[str, ...] = ()      # arguments the convention lets the kernel write (a KV cache's appends)
 
     def requirements(self, case: Case) -> set[str]:
         return bottom_right_requirements(case)
@@ -204,7 +205,9 @@ class ConventionAdapter(Adapter):
         return to_tensor(x, dtype, self.device).requires_grad_(grads)
 
     def invoke(self, kwargs: dict[str, Any], watch: dict[str, torch.Tensor], seed: int | None) -> Any:
-        """fn(**kwargs) with the RNG seeded; the tensors in `watch` must come back unchanged."""
+        """fn(**kwargs) with the RNG seeded; the tensors in `watch`, and every other tensor argument the
+        convention does not let the kernel write, must come back unchanged (ATTN-OP-8)."""
+        watch = {**{n: t for n, t in kwargs.items() if n not in self.conv.writes}, **watch}
         before = {n: t.detach().clone() for n, t in watch.items() if isinstance(t, torch.Tensor)}
         if seed is not None:
             torch.manual_seed(seed)
@@ -216,7 +219,7 @@ class ConventionAdapter(Adapter):
             raise KernelError(f"kernel raised {type(exc).__name__}: {first_line(exc)}") from exc
         for n, t in before.items():
             if not torch.equal(torch.nan_to_num(t), torch.nan_to_num(watch[n].detach())):
-                raise KernelError(f"kernel mutated its input `{n}` in place")
+                raise ConventionViolation("ATTN-OP-8", f"kernel mutated its input `{n}` in place")
         return ret
 
     def unpack(self, ret: Any, extra: bool, what: str) -> tuple[torch.Tensor, Any]:
@@ -241,6 +244,9 @@ class ConventionAdapter(Adapter):
             clause = "ATTN-LSE-1" if what.startswith("lse") else "ATTN-OP-2"
             raise ConventionViolation(clause, f"{what} has shape {tuple(t.shape)}; the {self.conv.name} "
                                       f"convention says {tuple(shape)}")
+        if what.startswith("lse") and t.dtype != torch.float32:   # what split-KV and context-parallel merges read
+            raise ConventionViolation("ATTN-LSE-1", f"{what} is {dtype_name(t)}; the {self.conv.name} convention "
+                                      "returns the lse in float32")
         return to_numpy(t)
 
     def out_dtype(self, t: torch.Tensor) -> str:

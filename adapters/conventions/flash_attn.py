@@ -96,7 +96,8 @@ class FlashAttn(Convention):
         if want_lse:
             with torch.no_grad():
                 ret = ad.invoke({**kwargs, "return_attn_probs": True}, {"q": q, "k": k, "v": v}, seed)
-            _, lse_t = ad.unpack(ret, True, "return_attn_probs")
+            out2_t, lse_t = ad.unpack(ret, True, "return_attn_probs")
+            res.out_with_lse = ad.array(out2_t, (B, Lq, Hq, Dv), "output (return_attn_probs=True)").transpose(0, 2, 1, 3)
             lse = ad.array(lse_t, (B, Hq, Lq), "lse (B, H, Lq)")
             res.lse = lse_from_flash(lse, case, self.name)
         return res

@@ -239,11 +239,13 @@ class FlashAttnKVCache(Convention):
         res = Result(out=np.ascontiguousarray(out), out_dtype=ad.out_dtype(out_t), kernel=ad.name,
                      notes={"page_size": rep.page_size, "new_keys": rep.new_keys})
         if want_lse:
-            _, lse_t = self.call(ad, case, rep, True)
+            out2_t, lse_t = self.call(ad, case, rep, True)
+            res.out_with_lse = ad.array(out2_t, (s["B"], s["Lq"], s["Hq"], s["Dv"]),
+                                        "output (return_softmax_lse=True)").transpose(0, 2, 1, 3)
             res.lse = lse_from_flash(ad.array(lse_t, (s["B"], s["Hq"], s["Lq"]), "lse (B, H, Lq)"), case, self.name)
         return res
 
 
 CONVENTION = FlashAttnKVCache(
     name="flash_attn_kvcache", entry="flash_attn.flash_attn_with_kvcache", keywords=KEYWORDS, features=FEATURES,
-    default=FEATURES - {"dv_ne_dk"}, outside=OUTSIDE)
+    default=FEATURES - {"dv_ne_dk"}, outside=OUTSIDE, writes=("k_cache", "v_cache"))

@@ -113,7 +113,9 @@ class FlashAttnVarlen(Convention):
         if want_lse:
             with torch.no_grad():
                 ret = ad.invoke({**kwargs, "return_attn_probs": True}, watch, seed)
-            _, lse_t = ad.unpack(ret, True, "return_attn_probs")
+            out2_t, lse_t = ad.unpack(ret, True, "return_attn_probs")
+            packed2 = ad.array(out2_t, (total_q, s["Hq"], s["Dv"]), "output (return_attn_probs=True)")
+            res.out_with_lse = unpack(packed2, ql, order, case.out_shape, 0.0)
             lse = ad.array(lse_t, (s["Hq"], total_q), "lse (H, total_q)")
             lse = lse_from_flash(lse[None], case, self.name)[0]             # the sentinel check, packed
             res.lse = unpack(lse.T, ql, order, case.out_shape[:3], -np.inf)

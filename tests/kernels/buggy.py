@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from .correct import (BLOCK, apply_masks, check_shapes, compute_dtype, dropout, inputs, logits, softmax,
+from .correct import (BLOCK, apply_masks, check_shapes, compute_dtype, dropout, inputs, logits, naive, softmax,
                       softmax_scale, weighted_values)
 
 BUGS: dict[str, Callable] = {}
@@ -293,6 +293,139 @@ def dropout_ignored(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     return weighted_values(softmax(s, vis), v).to(query.dtype)
 
 
+# ---- found by red-teaming the suite (each was missed before the gap it names was closed) ------------
+@bug("ATTN-OP-8")
+def mask_scaled_in_place(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False):
+    """Defect: a float mask is divided by the scale in place (so that (QK^T + mask') * scale can be one fused
+    step): the output is right, the caller's mask is not. Trips ATTN-OP-8."""
+    q, k, v = inputs(query, key, value, enable_gqa)
+    sc = softmax_scale(q, scale)
+    s = q @ k.transpose(-2, -1)
+    if attn_mask is not None and attn_mask.dtype != torch.bool and sc != 0:
+        attn_mask.div_(sc)
+        s, vis = apply_masks(s, attn_mask, is_causal)
+        s = s * sc
+    else:
+        s, vis = apply_masks(s * sc, attn_mask, is_causal)
+    return weighted_values(dropout(softmax(s, vis), dropout_p), v).to(query.dtype)
+
+
+@bug("ATTN-OP-8")
+def reads_inputs_as_contiguous(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                               enable_gqa=False):
+    """Defect: Q, K and V are read as contiguous memory from their first element, whatever their strides (a
+    raw-pointer kernel without a stride check): wrong for a transposed (B, L, H, D) view or an expanded K/V.
+    Trips ATTN-OP-8."""
+    def raw(t):
+        strides = [1] * t.dim()
+        for i in range(t.dim() - 2, -1, -1):
+            strides[i] = strides[i + 1] * t.shape[i + 1]
+        return torch.as_strided(t, t.shape, strides, t.storage_offset())
+    return naive(raw(query), raw(key), raw(value), attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+@bug("ATTN-GQA-1")
+def gqa_kv_head_mod4(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Defect: query head h reads KV head (h // group) % 4, from a kernel tuned for at most four KV heads:
+    wrong only when Hkv > 4 (e.g. 16 query heads over 8 KV heads). Trips ATTN-GQA-1."""
+    hq, hk = query.shape[1], key.shape[1]
+    if hk > 4 and hq != hk:
+        idx = torch.tensor([(h // (hq // hk)) % 4 for h in range(hq)])
+        key, value = key[:, idx], value[:, idx]
+    return naive(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa and hk <= 4)
+
+
+@bug("ATTN-OP-1")
+def split_kv_merge_without_sums(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                enable_gqa=False):
+    """Defect: short query blocks (2 <= Lq <= 16) over long histories (Lk >= 512) take a split-KV path that
+    merges the chunks' normalised outputs by their maxima alone, forgetting each chunk's softmax sum.
+    Trips ATTN-OP-1."""
+    lq, lk = query.shape[-2], key.shape[-2]
+    if not (2 <= lq <= 16 and lk >= 512) or dropout_p:
+        return naive(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    q, k, v = inputs(query, key, value, enable_gqa)
+    s, vis = apply_masks(logits(q, k, scale), attn_mask, is_causal)
+    outs, maxes = [], []
+    for j0 in range(0, lk, 256):
+        sj, vj = s[..., j0:j0 + 256], vis[..., j0:j0 + 256]
+        outs.append(weighted_values(softmax(sj, vj), v[..., j0:j0 + 256, :]))
+        maxes.append(torch.where(vj, sj, -math.inf).amax(dim=-1, keepdim=True))
+    m = torch.stack(maxes).amax(dim=0)
+    m = torch.where(torch.isneginf(m), 0.0, m)
+    wts = [torch.exp(x - m) for x in maxes]
+    total = sum(wts)
+    out = sum(w * o for w, o in zip(wts, outs)) / torch.where(total == 0, 1.0, total)
+    return out.to(query.dtype)
+
+
+@bug("ATTN-OP-1")
+def wide_head_no_rescale(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False):
+    """Defect: heads wider than 128 take a tiled path whose accumulator is not rescaled on a new running max
+    (narrower heads are right): wrong only when Dk > 128 and a later key block raises a row's max.
+    Trips ATTN-OP-1."""
+    if query.shape[-1] <= 128:
+        return naive(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _tiled(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                  rescale_acc=False, full_blocks_only=False)
+
+
+@bug("ATTN-OP-4")
+def scale_zero_means_default(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                             enable_gqa=False):
+    """Defect: `scale or 1/sqrt(Dk)`: a given scale of 0 becomes the default (the output should average the
+    visible values). Trips ATTN-OP-4."""
+    return naive(query, key, value, attn_mask, dropout_p, is_causal, scale or None, enable_gqa)
+
+
+@bug("ATTN-TOL-3")
+def bf16_output_through_fp16(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                             enable_gqa=False):
+    """Defect: the bfloat16 output is stored through a float16 buffer: inf wherever |out| > 65504, and 3 fewer
+    exponent bits below. Seen only with large values. Trips ATTN-TOL-3."""
+    out = naive(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return out.to(torch.float16).to(torch.bfloat16) if query.dtype == torch.bfloat16 else out
+
+
+class _DqFromLastKeyBlock(torch.autograd.Function):
+    """out = naive(q, k, v); its backward stores dQ block by block over 128 keys, overwriting instead of
+    accumulating: dQ keeps only the last block's share."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask, is_causal, scale, enable_gqa):
+        ctx.save_for_backward(q, k, v)
+        ctx.args = (attn_mask, is_causal, scale, enable_gqa)
+        return naive(q, k, v, attn_mask, 0.0, is_causal, scale, enable_gqa)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v = ctx.saved_tensors
+        mask, is_causal, scale, gqa = ctx.args
+        with torch.enable_grad():
+            q1, k1, v1 = (t.detach().requires_grad_(True) for t in (q, k, v))
+            out = naive(q1, k1, v1, mask, 0.0, is_causal, scale, gqa)
+            dq, dk, dv = torch.autograd.grad(out, (q1, k1, v1), d_out)
+            lk = k.shape[-2]
+            if lk > 128:   # dQ as if the keys before the last block were zero vectors
+                k_seen = k.detach().clone()
+                k_seen[..., :(lk - 1) // 128 * 128, :] = 0.0
+                q2 = q.detach().requires_grad_(True)
+                dq, = torch.autograd.grad(naive(q2, k_seen, v.detach(), mask, 0.0, is_causal, scale, gqa), (q2,), d_out)
+        return dq, dk, dv, None, None, None, None
+
+
+@bug("ATTN-GRAD-1")
+def dq_from_last_key_block(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                           enable_gqa=False):
+    """Defect (backward only): dQ is written per 128-key block instead of accumulated, so with Lk > 128 it
+    holds the gradient computed as if the earlier keys were zero vectors. Trips ATTN-GRAD-1 / ATTN-TOL-5."""
+    if dropout_p:
+        return naive(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _DqFromLastKeyBlock.apply(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+
+
 # ---- tiled (online softmax) kernels -----------------------------------------
 def _tiled(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, *, rescale_acc: bool,
            full_blocks_only: bool):
@@ -337,3 +470,68 @@ def drops_partial_block(query, key, value, attn_mask=None, dropout_p=0.0, is_cau
     ignoring keys beyond the last multiple of 16. Wrong only when Lk > 16 and Lk % 16 != 0. Trips ATTN-OP-3 / ATTN-OP-1."""
     return _tiled(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                   rescale_acc=True, full_blocks_only=True)
+
+
+# ---- dropout: rescale, independence, backward -----------------------------------
+@bug("ATTN-DROP-2")
+def dropout_inverse_p(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Defect: kept weights are rescaled by 1/p instead of 1/(1-p). Right at p = 0.5 only, where the two
+    agree; elsewhere every kept weight is off by (1-p)/p. Trips ATTN-DROP-2."""
+    q, k, v = inputs(query, key, value, enable_gqa)
+    s, vis = apply_masks(logits(q, k, scale), attn_mask, is_causal)
+    w = softmax(s, vis)
+    if dropout_p:
+        w = torch.where(torch.rand_like(w) >= dropout_p, w / dropout_p, 0.0)
+    return weighted_values(w, v).to(query.dtype)
+
+
+@bug("ATTN-DROP-2")
+def dropout_shared_across_heads(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                enable_gqa=False):
+    """Defect: one (B, 1, Lq, Lk) keep mask is drawn and broadcast over the heads (a random offset that
+    ignores the head index), so every head drops the same weights. Each head alone is right: the keep rate
+    and the expectation are those of correct dropout. Trips ATTN-DROP-2 (independence)."""
+    q, k, v = inputs(query, key, value, enable_gqa)
+    s, vis = apply_masks(logits(q, k, scale), attn_mask, is_causal)
+    w = softmax(s, vis)
+    if dropout_p:
+        keep = torch.rand((w.shape[0], 1, *w.shape[2:]), dtype=w.dtype, device=w.device) >= dropout_p
+        w = torch.where(keep, w / (1.0 - dropout_p), 0.0)
+    return weighted_values(w, v).to(query.dtype)
+
+
+class _FreshMaskBackward(torch.autograd.Function):
+    """naive's forward with dropout; a backward that recomputes the weights and draws a new keep mask."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        ctx.save_for_backward(query, key, value)
+        ctx.args = (attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        q, k, v = inputs(query, key, value, enable_gqa)
+        s, vis = apply_masks(logits(q, k, scale), attn_mask, is_causal)
+        return weighted_values(dropout(softmax(s, vis), dropout_p), v).to(query.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value = ctx.saved_tensors
+        attn_mask, dropout_p, is_causal, scale, enable_gqa = ctx.args
+        with torch.enable_grad():
+            xs = [t.detach().requires_grad_(True) for t in (query, key, value)]
+            q, k, v = inputs(*xs, enable_gqa)
+            s, vis = apply_masks(logits(q, k, scale), attn_mask, is_causal)
+            out = weighted_values(dropout(softmax(s, vis), dropout_p), v).to(query.dtype)   # a second draw
+            grads = torch.autograd.grad(out, xs, grad_out)
+        return (*grads, None, None, None, None, None)
+
+
+@bug("ATTN-DROP-3")
+def dropout_backward_fresh_mask(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                enable_gqa=False):
+    """Defect: the backward recomputes the weights and applies dropout again with a fresh draw instead of
+    replaying the forward's keep mask (the RNG state is not saved). The forward is correct dropout and the
+    gradients are right in expectation, but not those of the output returned. Trips ATTN-DROP-3."""
+    if dropout_p and torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        return _FreshMaskBackward.apply(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    q, k, v = inputs(query, key, value, enable_gqa)
+    s, vis = apply_masks(logits(q, k, scale), attn_mask, is_causal)
+    return weighted_values(dropout(softmax(s, vis), dropout_p), v).to(query.dtype)

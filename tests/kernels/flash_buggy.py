@@ -176,6 +176,61 @@ bug(make_single_decode_with_kv_cache(replace(keys_read=lambda total, new: max(to
     clause="ATTN-OP-1", convention="flashinfer_decode", doc="decode reads one key too few (the newest).")
 
 
+# ---- found by red-teaming the suite (each was missed before the gap it names was closed) ----------
+def _window_block_skip(lq, lk, causal, window, offset, device):
+    """Local attention over 128 x 128 tiles that starts each row tile at the key block where the tile's
+    LAST row's window starts: earlier rows lose the keys of the blocks before it."""
+    vis = flash.visible(lq, lk, causal, window, offset, device)
+    if window[0] >= 0:
+        for r0 in range(0, lq, 128):
+            last = min(r0 + 128, lq) - 1
+            vis[r0:r0 + 128, :max(last + offset - window[0], 0) // 128 * 128] = False
+    return vis
+
+
+bug(make_flash_attn_func(replace(visible=_window_block_skip), "window_block_skip"),
+    clause="ATTN-WIN-1", convention="flash_attn",
+    doc="a local kernel over 128-row tiles skips the key blocks that only the tile's earlier rows need "
+        "(seen only when a window crosses a 128-key block: Lq, Lk > 128).")
+
+
+def _softmax_unnormalised(s, vis):
+    w, lse = flash.masked_softmax(s, vis)
+    m = torch.where(vis, s, -math.inf).amax(dim=-1)
+    norm = torch.where(torch.isfinite(lse), torch.exp(lse - torch.where(torch.isfinite(m), m, 0.0)), 0.0)
+    return w * norm[..., None], lse                     # sum_j exp(s_j - max) V_j, never divided by the sum
+
+
+_unnormalised = make_flash_attn_func(replace(softmax=_softmax_unnormalised), "_unnormalised")
+
+
+def probs_path_unnormalised(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                            softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    kernel = _unnormalised if return_attn_probs else flash.flash_attn_func
+    return kernel(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                  softcap=softcap, alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs)
+
+
+bug(probs_path_unnormalised, clause="ATTN-OP-1", convention="flash_attn",
+    doc="with return_attn_probs=True the output is never divided by the softmax sum (the lse is right); "
+        "the default call is correct.")
+
+
+def lse_in_input_dtype(q, k, v, scale_q=None, scale_k=None, scale_v=None, o_dtype=None, custom_mask=None,
+                       packed_custom_mask=None, causal=False, kv_layout="NHD", pos_encoding_mode="NONE",
+                       use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None,
+                       rope_scale=None, rope_theta=None, backend="auto", return_lse=False):
+    ret = flash.single_prefill_with_kv_cache(q, k, v, custom_mask=custom_mask, causal=causal, kv_layout=kv_layout,
+                                             sm_scale=sm_scale, window_left=window_left,
+                                             logits_soft_cap=logits_soft_cap, return_lse=return_lse)
+    return (ret[0], ret[1].to(q.dtype)) if return_lse else ret
+
+
+bug(lse_in_input_dtype, clause="ATTN-LSE-1", convention="flashinfer_prefill",
+    doc="the lse comes back in the inputs' dtype (float16/bfloat16) instead of float32, which split-KV and "
+        "context-parallel merges read.")
+
+
 # ---- a dishonest declaration ---------------------------------------------------------------------
 def declares_float32_unimplemented(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):

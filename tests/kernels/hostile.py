@@ -74,6 +74,14 @@ def mutates_inputs(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     return out
 
 
+def mutates_mask(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Computes an output, then halves a float `attn_mask` in place (the output itself is not judged here)."""
+    out = _plain_attention(query, key, value, scale)
+    if attn_mask is not None and attn_mask.dtype != bool:
+        attn_mask *= 0.5
+    return out
+
+
 def raises_always(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """Raises on every call."""
     raise RuntimeError("hostile kernel refuses to run")
