@@ -222,6 +222,14 @@ class SdpaFlash(SdpaAdapter):
     dtypes_by_device = {"cpu": ALL_DTYPES, "cuda": ("float16", "bfloat16")}
     capabilities = SDPA_CAPS            # no dbias: the flash kernels take no attn_mask gradient
 
+    def __init__(self, device: str = "cpu"):
+        super().__init__(device)
+        if self.device == "cpu":
+            # the CPU flash kernel takes no dropout: torch._fused_sdp_choice refuses every case with
+            # dropout_p > 0 (torch 2.13), so its dropout cells are out of scope at once instead of after
+            # hundreds of refused draws
+            self.capabilities = self.capabilities - {"dropout"}
+
 
 class SdpaEfficient(SdpaAdapter):
     name = "torch:sdpa-efficient"
