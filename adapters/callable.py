@@ -38,12 +38,16 @@ class CallableAdapter(Adapter):
         if dtypes is not None:
             self.dtypes = dtypes
 
-    def arguments(self, case: Case) -> tuple[tuple, dict]:
+    def inputs(self, case: Case, *, grads: bool = False) -> tuple:
+        """query, key, value as the kernel's arrays (a framework's adapter may lay them out otherwise)."""
+        return tuple(self._to_array(x, case.dtype) for x in (case.q, case.k, case.v))
+
+    def arguments(self, case: Case, *, grads: bool = False) -> tuple[tuple, dict]:
         attn_mask, is_causal = fold_mask(case)
         if attn_mask is not None:
             attn_mask = self._to_array(attn_mask, "bool" if attn_mask.dtype == bool else case.dtype)
         s = case.shape
-        args = tuple(self._to_array(x, case.dtype) for x in (case.q, case.k, case.v))
+        args = self.inputs(case, grads=grads)
         kwargs = dict(attn_mask=attn_mask, dropout_p=case.dropout_p, is_causal=is_causal,
                       scale=case.scale, enable_gqa=s["Hkv"] != s["Hq"])
         return args, kwargs

@@ -53,7 +53,7 @@ class JaxCallableAdapter(CallableAdapter):
                          capabilities=KERNEL_CAPS)
         enable_x64()
 
-    def arguments(self, case: Case) -> tuple[tuple, dict]:
+    def arguments(self, case: Case, *, grads: bool = False) -> tuple[tuple, dict]:
         call = translate(case)
         t = case.dtype
         args = tuple(self._to_array(x, t) for x in (call.q, call.k, call.v))

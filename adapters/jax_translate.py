@@ -65,35 +65,35 @@ def as_4d(x: np.ndarray | None) -> np.ndarray | None:
     return x.reshape((1,) * (4 - x.ndim) + x.shape)
 
 
-def _bottom_right_is_top_left(case: Case) -> bool:
-    """Bottom-right alignment equals top-left when every batch element has offset 0."""
+def _offset_zero(case: Case, *, except_empty: bool = False) -> bool:
+    """Bottom-right alignment equals top-left: kv_len == q_len in every batch element (`except_empty`: in
+    every one that has queries; a window may ignore the others, whose rows are all padding)."""
     s = case.shape
-    B = s["B"]
-    ql = case.q_lengths if case.q_lengths is not None else np.full(B, s["Lq"])
-    kl = case.kv_lengths if case.kv_lengths is not None else np.full(B, s["Lk"])
-    return bool(np.all(np.asarray(kl) == np.asarray(ql)))
+    ql = np.full(s["B"], s["Lq"]) if case.q_lengths is None else np.asarray(case.q_lengths)
+    kl = np.full(s["B"], s["Lk"]) if case.kv_lengths is None else np.asarray(case.kv_lengths)
+    return bool(np.all((ql == kl) | (except_empty & (ql == 0))))
 
 
-def bottom_right_mask(case: Case) -> np.ndarray:
-    """(B, 1, Lq, Lk) bool: bottom-right causal visibility with each batch element's lengths."""
+def _per_batch(case: Case, visible) -> np.ndarray:
+    """(B, 1, Lq, Lk) bool: `visible(lq, lk, q_len, kv_len)` with each batch element's lengths."""
     s = case.shape
     out = np.empty((s["B"], 1, s["Lq"], s["Lk"]), dtype=bool)
     for b in range(s["B"]):
         ql = None if case.q_lengths is None else int(case.q_lengths[b])
         kl = None if case.kv_lengths is None else int(case.kv_lengths[b])
-        out[b, 0] = causal_visible(s["Lq"], s["Lk"], "bottom_right", ql, kl)
+        out[b, 0] = visible(s["Lq"], s["Lk"], ql, kl)
     return out
 
 
+def bottom_right_mask(case: Case) -> np.ndarray:
+    """(B, 1, Lq, Lk) bool: bottom-right causal visibility with each batch element's lengths."""
+    return _per_batch(case, lambda lq, lk, ql, kl: causal_visible(lq, lk, "bottom_right", ql, kl))
+
+
 def window_is_top_left(case: Case) -> bool:
-    """The case's window sits on the top-left diagonal in every batch element that has queries
-    (offset kv_len - q_len = 0 there, or top-left alignment): `local_window_size` can say it."""
-    if case.window is None or case.window_align == "top_left":
-        return True
-    s = case.shape
-    ql = np.full(s["B"], s["Lq"]) if case.q_lengths is None else np.asarray(case.q_lengths)
-    kl = np.full(s["B"], s["Lk"]) if case.kv_lengths is None else np.asarray(case.kv_lengths)
-    return bool(np.all((ql == kl) | (ql == 0)))
+    """The case's window sits on the top-left diagonal in every batch element that has queries:
+    `local_window_size` can say it."""
+    return case.window is None or case.window_align == "top_left" or _offset_zero(case, except_empty=True)
 
 
 def local_window_size(case: Case) -> tuple[int, int] | None:
@@ -107,13 +107,7 @@ def local_window_size(case: Case) -> tuple[int, int] | None:
 
 def window_mask(case: Case) -> np.ndarray:
     """(B, 1, Lq, Lk) bool: the case's window visibility (either alignment) with each batch element's lengths."""
-    s = case.shape
-    out = np.empty((s["B"], 1, s["Lq"], s["Lk"]), dtype=bool)
-    for b in range(s["B"]):
-        ql = None if case.q_lengths is None else int(case.q_lengths[b])
-        kl = None if case.kv_lengths is None else int(case.kv_lengths[b])
-        out[b, 0] = window_visible(s["Lq"], s["Lk"], case.window, case.window_align, ql, kl)
-    return out
+    return _per_batch(case, lambda lq, lk, ql, kl: window_visible(lq, lk, case.window, case.window_align, ql, kl))
 
 
 def translate(case: Case) -> JaxCall:
@@ -123,7 +117,7 @@ def translate(case: Case) -> JaxCall:
     if case.causal == "top_left":
         call.is_causal = True
     elif case.causal == "bottom_right":
-        if _bottom_right_is_top_left(case):
+        if _offset_zero(case):
             call.is_causal = True
             call.notes.append("bottom_right == top_left here: is_causal=True")
         else:

@@ -46,11 +46,9 @@ class TorchKernelAdapter(CallableAdapter):
                          to_array=lambda x, dtype: to_tensor(x, dtype, device), to_numpy=to_numpy,
                          dtype_name=dtype_name, capabilities=FULL_SDPA | {"grads", "noncontiguous", "broadcast_kv"})
 
-    def arguments(self, case: Case, *, grads: bool = False) -> tuple[tuple, dict]:
-        _, kwargs = super().arguments(case)
-        args = tuple(_input(x, case.dtype, self.device, grads=grads, layout=case.layout, kv=n != "q")
+    def inputs(self, case: Case, *, grads: bool = False) -> tuple:
+        return tuple(_input(x, case.dtype, self.device, grads=grads, layout=case.layout, kv=n != "q")
                      for n, x in (("q", case.q), ("k", case.k), ("v", case.v)))
-        return args, kwargs
 
     def run(self, case: Case, *, grads: bool = False) -> Result:
         if case.dropout_p:

@@ -186,11 +186,7 @@ def _mean_of_values_out(case, res, masks, as_dtype: str | None = None) -> Verdic
             idx = _first(bad)
             return Verdict(False, f"out row {idx[:3]}: {res.out[idx]:.17g} is not the mean of V {expected[idx]:.17g}")
     else:
-        r = _rounder(dtype)
-        f32 = np.float32
-        with np.errstate(all="ignore"):
-            naive = r(seq_matmul(r(w.astype(f32)), np.where(np.isfinite(v), v, 0.0).astype(f32), "ascending"))
-        base = np.abs(naive.astype(np.float64) - expected)
+        base = _weighted_sum_error(w, expected, case, dtype)
         j = T.judge_arrays(res.out, expected, base, dtype, quantity="out (mean of V)",
                            magnitude=vmax, mask=masks["out"])
         if not j.ok:
@@ -480,7 +476,9 @@ def expected_values(name: str, fn: Callable[[Case], dict[str, np.ndarray]], *, n
             v = _exact(q, a, m & np.isnan(e), np.isnan, "NaN")
             if not v.ok:
                 return v
-            extra = _weighted_sum_error(exp["out_weights"], e, case) if q == "out" and "out_weights" in exp else None
+            extra = None
+            if q == "out" and "out_weights" in exp and case.dtype != "float64":
+                extra = np.nan_to_num(_weighted_sum_error(exp["out_weights"], e, case), nan=0.0, posinf=0.0)
             j = _judge_expected(a, e, case, q, m & ~np.isnan(e), extra)
             if not j.ok:
                 return _judged(j)
@@ -489,15 +487,13 @@ def expected_values(name: str, fn: Callable[[Case], dict[str, np.ndarray]], *, n
     ALTERNATIVES[name] = Alternative(name, FORWARD + GRADIENTS, check, numeric)
 
 
-def _weighted_sum_error(w: np.ndarray, expected: np.ndarray, case: Case) -> np.ndarray | None:
-    """|naive(w @ V) - expected| with w and the sum rounded as the naive baseline rounds them (None in float64)."""
-    if case.dtype == "float64":
-        return None
+def _weighted_sum_error(w: np.ndarray, expected: np.ndarray, case: Case, dtype: str | None = None) -> np.ndarray:
+    """|naive(w @ V) - expected|, w and the sum rounded to `dtype` (the case's) as the naive baseline rounds them."""
     v = expand_kv(case.v, case.shape["Hq"])
-    r, f32 = _rounder(case.dtype), np.float32
+    r, f32 = _rounder(dtype or case.dtype), np.float32
     with np.errstate(all="ignore"):
         naive = r(seq_matmul(r(np.asarray(w).astype(f32)), np.where(np.isfinite(v), v, 0.0).astype(f32), "ascending"))
-        return np.nan_to_num(np.abs(naive.astype(np.float64) - expected), nan=0.0, posinf=0.0)
+    return np.abs(naive.astype(np.float64) - expected)
 
 
 def _judge_expected(actual: np.ndarray, expected: np.ndarray, case: Case, quantity: str, mask: np.ndarray,

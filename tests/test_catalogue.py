@@ -93,6 +93,11 @@ def _rising_max() -> "Case":
     return case.replace(k=k)
 
 
+def _wide(case: "Case") -> "Case":
+    """The case with Dk = Dv = 32 x its own (Q, K, V tiled along the head dim): past the 128 of a wide-head path."""
+    return case.replace(q=np.tile(case.q, 32), k=np.tile(case.k, 32), v=np.tile(case.v, 32))
+
+
 WITNESSES = {
     "no_scale": lambda: random_case(),
     "scale_twice": lambda: random_case(),
@@ -119,8 +124,7 @@ WITNESSES = {
     "reads_inputs_as_contiguous": lambda: random_case().replace(layout="noncontiguous"),
     "gqa_kv_head_mod4": lambda: random_case(B=1, Hq=16, Hkv=8),
     "split_kv_merge_without_sums": lambda: random_case(B=1, Hq=2, Hkv=1, Lq=4, Lk=1024),
-    "wide_head_no_rescale": lambda: _rising_max().replace(q=np.tile(_rising_max().q, 32), k=np.tile(_rising_max().k, 32),
-                                                          v=np.tile(_rising_max().v, 32)),
+    "wide_head_no_rescale": lambda: _wide(_rising_max()),
     "scale_zero_means_default": lambda: random_case(scale=0.0),
     "bf16_output_through_fp16": lambda: random_case(dtype="bfloat16").replace(v=random_case().v * 1e5),
 }

@@ -204,10 +204,10 @@ class ConventionAdapter(Adapter):
     def tensor(self, x: np.ndarray, dtype: str, *, grads: bool = False) -> torch.Tensor:
         return to_tensor(x, dtype, self.device).requires_grad_(grads)
 
-    def invoke(self, kwargs: dict[str, Any], watch: dict[str, torch.Tensor], seed: int | None) -> Any:
-        """fn(**kwargs) with the RNG seeded; the tensors in `watch`, and every other tensor argument the
-        convention does not let the kernel write, must come back unchanged (ATTN-OP-8)."""
-        watch = {**{n: t for n, t in kwargs.items() if n not in self.conv.writes}, **watch}
+    def invoke(self, kwargs: dict[str, Any], seed: int | None) -> Any:
+        """fn(**kwargs) with the RNG seeded; every tensor argument the convention does not let the kernel
+        write (`Convention.writes`) must come back unchanged (ATTN-OP-8)."""
+        watch = {n: t for n, t in kwargs.items() if n not in self.conv.writes}
         before = {n: t.detach().clone() for n, t in watch.items() if isinstance(t, torch.Tensor)}
         if seed is not None:
             torch.manual_seed(seed)

@@ -86,7 +86,7 @@ class FlashAttn(Convention):
         kwargs = dict(q=q, k=k, v=v, dropout_p=float(case.dropout_p), **common_keywords(ad, case),
                       deterministic=False, return_attn_probs=False)
         seed = case.seed if case.dropout_p else None
-        ret = ad.invoke(kwargs, {"q": q, "k": k, "v": v}, seed)
+        ret = ad.invoke(kwargs, seed)
         out_t, _ = ad.unpack(ret, False, "return_attn_probs")
         out = ad.array(out_t, (B, Lq, Hq, Dv), "output").transpose(0, 2, 1, 3)
         res = Result(out=np.ascontiguousarray(out), out_dtype=ad.out_dtype(out_t), kernel=ad.name)
@@ -95,7 +95,7 @@ class FlashAttn(Convention):
             res.grads = ad.backward(out_t, leaves, go)
         if want_lse:
             with torch.no_grad():
-                ret = ad.invoke({**kwargs, "return_attn_probs": True}, {"q": q, "k": k, "v": v}, seed)
+                ret = ad.invoke({**kwargs, "return_attn_probs": True}, seed)
             out2_t, lse_t = ad.unpack(ret, True, "return_attn_probs")
             res.out_with_lse = ad.array(out2_t, (B, Lq, Hq, Dv), "output (return_attn_probs=True)").transpose(0, 2, 1, 3)
             lse = ad.array(lse_t, (B, Hq, Lq), "lse (B, H, Lq)")

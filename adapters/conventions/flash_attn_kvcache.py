@@ -198,10 +198,8 @@ class FlashAttnKVCache(Convention):
                       cache_seqlens=as_int(c.seqlens), cache_batch_idx=as_int(c.batch_idx), cache_leftpad=None,
                       block_table=as_int(c.block_table), **common_keywords(ad, case), rotary_interleaved=True,
                       num_splits=0, return_softmax_lse=want_lse)
-        watch = {n: kwargs[n] for n in ("q", "k", "v", "cache_seqlens", "cache_batch_idx", "block_table")
-                 if kwargs[n] is not None}
         with torch.no_grad():
-            ret = ad.invoke(kwargs, watch, None)
+            ret = ad.invoke(kwargs, None)
         self.check_cache(ad, c, k_cache, v_cache)
         return ad.unpack(ret, want_lse, "return_softmax_lse")
 

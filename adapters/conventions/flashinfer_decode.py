@@ -68,7 +68,7 @@ class FlashInferDecode(Convention):
                               logits_soft_cap=None if case.softcap is None else float(case.softcap),
                               sm_scale=None if case.scale is None else float(case.scale), return_lse=with_lse)
                 with torch.no_grad():
-                    ret = ad.invoke(kwargs, {x: kwargs[x] for x in ("q", "k", "v")}, None)
+                    ret = ad.invoke(kwargs, None)
                 o_t, l_t = ad.unpack(ret, with_lse, "return_lse")
                 if with_lse:
                     l2 = ad.array(l_t, (s["Hq"],), f"lse [num_qo_heads] of request {b}")

@@ -127,8 +127,7 @@ class FlashInferPrefill(Convention):
             for with_lse in ((False, True) if want_lse else (False,)):
                 kwargs = self.request(ad, case, b, layout, with_lse)
                 with torch.no_grad():
-                    ret = ad.invoke(kwargs, {x: kwargs[x] for x in ("q", "k", "v", "custom_mask")
-                                             if kwargs[x] is not None}, None)
+                    ret = ad.invoke(kwargs, None)
                 o_t, l_t = ad.unpack(ret, with_lse, "return_lse")
                 if with_lse:
                     l2 = ad.array(l_t, (n, s["Hq"]), f"lse [qo_len, num_qo_heads] of request {b}")
