@@ -48,17 +48,20 @@ _attend_jit = jax.jit(_attend, static_argnames=_STATIC)
 
 
 def _vjp_fn(q, k, v, bias, mask, q_len, kv_len, d_out, *, is_causal, scale, implementation, residual):
+    """(out, lse or None, (dq, dk, dv, dbias)): with `residual` the lse rides along undifferentiated, so a
+    gradient case compiles one program for its forward and backward."""
     def f(q, k, v, bias):
-        return _attend(q, k, v, bias, mask, q_len, kv_len, is_causal=is_causal, scale=scale,
-                       implementation=implementation, residual=False)
-    out, pull = jax.vjp(f, q, k, v, bias)
-    return out, pull(d_out)
+        r = _attend(q, k, v, bias, mask, q_len, kv_len, is_causal=is_causal, scale=scale,
+                    implementation=implementation, residual=residual)
+        return r if residual else (r, None)
+    out, pull, lse = jax.vjp(f, q, k, v, bias, has_aux=True)
+    return out, lse, pull(d_out)
 
 
 _vjp_jit = jax.jit(_vjp_fn, static_argnames=_STATIC)
 # float16 on CPU: the same function, jitted only under _trace_time_fallback (its own trace cache)
 _attend_f16_cpu = jax.jit(_attend, static_argnames=_STATIC)
-F16_VERIFY_FIRST, F16_VERIFY_EVERY = 4, 32
+F16_VERIFY_FIRST, F16_VERIFY_EVERY = 2, 64
 
 
 class _EinsumRefusingF16F32:
@@ -138,8 +141,11 @@ class JaxSdpaAdapter(Adapter):
         notes: dict[str, Any] = {"translation": call.notes} if call.notes else {}
         try:
             with precision_context(self.options, case.dtype):
-                out, lse = self._forward(args, static, want_lse, case, notes)
-                g = self._backward(case, args, static) if grads else None
+                if grads and not self.eager(case):
+                    out, lse, g = self._backward(case, args, static, residual=want_lse)
+                else:
+                    out, lse = self._forward(args, static, want_lse, case, notes)
+                    g = self._backward(case, args, static)[2] if grads else None
         except KernelError:
             raise
         except Exception as exc:
@@ -198,12 +204,17 @@ class JaxSdpaAdapter(Adapter):
                           "compared so far; gradients run op by op")
         return _split(fast, want_lse)
 
-    def _backward(self, case: Case, args, static) -> dict[str, np.ndarray]:
+    def _backward(self, case: Case, args, static, *, residual: bool = False):
+        """(out, lse or None, gradients): op by op where the forward must be (float16 on CPU), else jitted,
+        forward and backward in one program (one compile per new shape, not two)."""
         if case.grad_out is None:
             raise KernelError("grads requested but the case has no grad_out")
         d_out = to_jax(np.swapaxes(case.grad_out, 1, 2), case.dtype, jax_device(self.device))
         fn = _vjp_fn if self.eager(case) else _vjp_jit
-        _, (dq, dk, dv, dbias) = fn(*args, d_out, **static, residual=False)
+        out, lse, (dq, dk, dv, dbias) = fn(*args, d_out, **static, residual=residual)
+        return out, lse, self._gradients(case, dq, dk, dv, dbias)
+
+    def _gradients(self, case: Case, dq, dk, dv, dbias) -> dict[str, np.ndarray]:
         g = {"dq": from_btnh(to_numpy(dq)), "dk": from_btnh(to_numpy(dk)), "dv": from_btnh(to_numpy(dv))}
         if case.bias is not None and "dbias" in self.capabilities:
             g["dbias"] = to_numpy(dbias).reshape(case.bias.shape)

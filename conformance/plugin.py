@@ -268,6 +268,32 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.set_threshold(t0, t1, GC_FULL_AFTER)
 
 
+# Under pytest-xdist (`-n 2`), the attnconf run schedules one dtype per worker at a time, heaviest first,
+# instead of test by test: a compile-per-shape framework compiles each (shape, dtype) once instead of
+# once per worker, and every clause x dtype cell of an implementation runs in one worker, so the
+# coverage floor that cells share (harness.cell_minimum) counts exactly as in one process.
+DTYPE_WORK_ORDER = ("float16", "bfloat16", "float32", "float64", "any")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if _state(config) is None or config.getvalue("dist") != "load":
+        return None     # not an attnconf run, or the user chose a distribution mode: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DtypeScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            m = re.search(r"-(float16|bfloat16|float32|float64)\]$", nodeid)
+            return m.group(1) if m else "any"
+
+        def _assign_work_unit(self, node: Any) -> None:
+            first = min(self.workqueue, key=lambda scope: DTYPE_WORK_ORDER.index(scope))
+            self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
+
+    return DtypeScheduling(config, log)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = _state(config)
     if state is not None and state.gc_restore is not None:

@@ -75,7 +75,7 @@ def kept_room(w: np.ndarray, allowed: float, p: float, dtype: str) -> np.ndarray
 
 @first(3)
 @clauses("ATTN-DROP-2")
-@for_cases(st.dropout_cases(), weight=0.12)
+@for_cases(st.dropout_cases(), weight=0.12, needs=("dropout",))
 def test_dropout_statistics(impl, case):
     """Kept entries equal P / (1 - p); the keep rate is 1 - p and the mean over N calls is the
     no-dropout output, each within a Hoeffding bound at alpha / 3."""
