@@ -212,13 +212,10 @@ class JaxSdpaAdapter(Adapter):
         d_out = to_jax(np.swapaxes(case.grad_out, 1, 2), case.dtype, jax_device(self.device))
         fn = _vjp_fn if self.eager(case) else _vjp_jit
         out, lse, (dq, dk, dv, dbias) = fn(*args, d_out, **static, residual=residual)
-        return out, lse, self._gradients(case, dq, dk, dv, dbias)
-
-    def _gradients(self, case: Case, dq, dk, dv, dbias) -> dict[str, np.ndarray]:
         g = {"dq": from_btnh(to_numpy(dq)), "dk": from_btnh(to_numpy(dk)), "dv": from_btnh(to_numpy(dv))}
         if case.bias is not None and "dbias" in self.capabilities:
             g["dbias"] = to_numpy(dbias).reshape(case.bias.shape)
-        return {n: np.asarray(x, dtype=np.float64) for n, x in g.items()}
+        return out, lse, {n: np.asarray(x, dtype=np.float64) for n, x in g.items()}
 
     def kernel_name(self, case: Case) -> str:
         return f"jax.nn.dot_product_attention(implementation={self.implementation!r})"
