@@ -341,6 +341,7 @@ def _one_example(fn, subject: Subject, case, *, generated: bool = True) -> None:
         judged = rec.end_example()
     if generated and not judged:
         _give_up_if_never_offered(subject, rec)
+        _give_up_if_every_draw_raises(rec)
         # Nothing was judged (the property had nothing to compare on this case, the implementation
         # refused it, or the call raised as a divergence declares): let Hypothesis draw another, so each
         # cell gets its examples' worth of evidence (the coverage floor). This depends on the case alone,
@@ -369,6 +370,23 @@ def _give_up_if_never_offered(subject: Subject, rec) -> None:
     if missing:
         pytest.skip(f"unsupported: {subject.name} runs only cases with {', '.join(sorted(missing))}, "
                     f"which this test's cases never have (no {', '.join(sorted(missing))} in {OFFER_DRAWS} draws)")
+
+
+RAISES_DRAWS = 60    # draws after which a cell whose every case raised as a divergence declares ends
+
+
+def _give_up_if_every_draw_raises(rec) -> None:
+    """A cell whose cases all fall in a declared "raises" entry's case region (Keras on MQA: every case of
+    test_mqa_single_kv_head) has nothing else to judge: after RAISES_DRAWS draws, each of which raised as
+    declared and none judged, the cell ends with what it has (divergent, each raise checked) instead of
+    after Hypothesis's hundreds of draws (459 for each such cell of keras-xla, 26 s, measured). A strategy
+    that gives a judgeable case on one draw in five still does so within 60 draws but for a chance of
+    1.5e-6."""
+    if rec.checked or rec.unsupported or rec.rejected < RAISES_DRAWS - 1 or rec.divergent < rec.rejected + 1:
+        return
+    entries = ", ".join(sorted(rec.divergences))
+    pytest.skip(f"unsupported: every case drawn raised as declared ({entries}): {rec.divergent} of "
+                f"{rec.divergent} draws")
 
 
 def scope_of(adapter: Adapter) -> dict[str, Any]:
@@ -503,6 +521,8 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
         verdict = alternatives.check(a.entry, judged, res, masks, as_dtype=precision_of(applied, case))
         if not verdict.ok:
             raise ConformanceFailure(a.entry["clause"], f"{a.id}: {verdict.detail}", case, adapter.name)
+        if not any(m.any() for m in masks.values()):
+            continue                # an "or spec" alternative handed every covered element back to be judged
         if verdict.detail:          # the covered elements conform to the spec itself: nothing diverged here
             rec.conformed_in_region[a.id] = rec.conformed_in_region.get(a.id, 0) + 1
         else:

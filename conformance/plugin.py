@@ -199,6 +199,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config, "workerinput", None) is None:
         config.pluginmanager.register(state, "attnconf-run")
         _install_sigterm(config)
+        if report and not config.getoption("--failures-dir"):
+            _clear_saved_failures(_failures_dir(config))
+
+
+def _clear_saved_failures(folder: Path) -> None:
+    """The cases saved beside a run file belong to that run file: a new run that replaces it removes them,
+    so that every .npz left there is one the new run file names."""
+    for old in folder.glob("*.npz") if folder.is_dir() else ():
+        old.unlink(missing_ok=True)
 
 
 def _install_sigterm(config: pytest.Config) -> None:

@@ -153,6 +153,25 @@ def half_dot_overflow_rows_outside_mask(case) -> np.ndarray:
 
 
 @region
+def half_dot_negative_overflow_rows(case) -> np.ndarray:
+    """float16 rows with a key the boolean mask (causal alignment, padding) hides, where every other key
+    has a -inf bias or a negative reach (the sum of q_d k_d over its negative products) beyond -65504:
+    in a float16 dot product each of those logits can become -inf, in some summation order, and an API
+    that gives masked keys a finite fill then weighs the masked keys instead."""
+    s = case.shape
+    rows = np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    if case.dtype != "float16":
+        return rows
+    hidden = mask_hidden_keys(case)
+    with np.errstate(all="ignore"):
+        prods = case.q[:, :, :, None, :] * expand_kv(case.k, s["Hq"])[:, :, None, :, :]
+        sinks = np.where(prods < 0, prods, 0.0).sum(axis=-1) < -65504.0
+    if case.bias is not None:
+        sinks |= np.broadcast_to(np.isneginf(case.bias), sinks.shape)
+    return hidden.any(axis=-1) & (sinks | hidden).all(axis=-1)
+
+
+@region
 def lse_beyond_float16_rows(case) -> np.ndarray:
     """float16 rows whose reference |lse| exceeds float16's max (65504): an lse returned in the
     input dtype cannot hold it."""

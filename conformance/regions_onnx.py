@@ -110,7 +110,8 @@ def _hidden_added(case: Case) -> np.ndarray:
 def _ort_f16_masked_logits(case: Case) -> np.ndarray | None:
     """What onnxruntime's float16 Attention holds at each position after adding the mask: the scaled
     logit, computed in float32 (its fp16 GEMM falls back to SGEMM on CPUs without fp16 GEMM), plus the
-    sentinel -65504 at hidden positions, rounded once to float16."""
+    sentinel -65504 at hidden positions, rounded once to float16; -inf where a float attn_mask adds -inf
+    (_float_mask_minus_inf)."""
     if getattr(case, "dtype", None) != "float16" or not hasattr(case, "q") or case.q.ndim != 4:
         return None
     if case.softcap is not None:   # the softcap path runs the GEMM without the mask; tanh bounds the logit
@@ -122,7 +123,33 @@ def _ort_f16_masked_logits(case: Case) -> np.ndarray | None:
     k32 = expand_kv(case.k, s["Hq"]).astype(np.float32)
     with np.errstate(all="ignore"):
         logit = np.float32(case.effective_scale) * np.einsum("bhid,bhjd->bhij", q32, k32)
-        return (logit + np.float32(F16_LOWEST)).astype(np.float16).astype(np.float64)
+        e = (logit + np.float32(F16_LOWEST)).astype(np.float16).astype(np.float64)
+    return np.where(_float_mask_minus_inf(case), -np.inf, e)
+
+
+def _float_mask_minus_inf(case: Case) -> np.ndarray:
+    """(B, Hq, Lq, Lk) positions where onnxruntime adds -inf, not its sentinel: a float attn_mask (the
+    adapter sends one when the case has a bias) carries -inf there and the operator's own causal frontier
+    or window, which overwrites the mask with the sentinel, does not reach it."""
+    s = case.shape
+    none = np.zeros((s["B"], s["Hq"], s["Lq"], s["Lk"]), dtype=bool)
+    try:
+        call = attention_call(case)
+    except Inexpressible:
+        return none
+    m = call.feeds.get("attn_mask")
+    if m is None or m.dtype == bool:
+        return none
+    from attnconf.reference import visibility  # noqa: PLC0415
+
+    full = (s["B"], s["Hq"], s["Lq"], s["Lk"])
+    own = np.zeros(full, dtype=bool)
+    if "is_causal" in call.attrs:       # the adapter gives the operator a frontier only where it is the spec's
+        own |= ~visibility(full, causal=case.causal, q_lengths=case.q_lengths, kv_lengths=case.kv_lengths)
+    if "left_window_size" in call.attrs:
+        own |= ~visibility(full, window=case.window, window_align=case.window_align, q_lengths=case.q_lengths,
+                           kv_lengths=case.kv_lengths)
+    return np.broadcast_to(np.isneginf(np.asarray(m, np.float64)), full) & ~own
 
 
 @region

@@ -154,6 +154,18 @@ def float16_logit_overflow() -> Case:
 
 
 @witness
+def float16_visible_logits_negative_overflow() -> Case:
+    """float16: row 0 sees only key 0, whose q.k is -90000 (below -65504); key 1 is masked. Row 1
+    sees both keys with moderate logits. The values of key 1 lie far from those of key 0, farther
+    than the allowance of a naive baseline that forms q.k in float16 before scaling (its row 0 is empty)."""
+    q = np.array([[[[150.0] * 4, [0.5, -0.25, 0.75, 0.1]]]])
+    k = np.array([[[[-150.0] * 4, [0.3, 0.2, -0.4, 0.9]]]])
+    v = np.array([[[[0.125, -0.25, 0.0625, 0.375], [-1.5, 2.25, 2.0, -3.0]]]])
+    mask = np.array([[[[True, False], [True, True]]]])
+    return Case.build(q, k, v, mask=mask, dtype="float16")
+
+
+@witness
 def half_long_accumulation() -> Case:
     """bfloat16 with Dk = Lk = 256: long dot products expose how the matmuls accumulate."""
     rng = np.random.default_rng(13)

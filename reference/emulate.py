@@ -230,30 +230,44 @@ def baseline_error(case: Case, dtype: str | None = None) -> tuple[np.ndarray, np
     return err_o, err_l
 
 
-def naive_forward_half_accumulation(case: Case) -> np.ndarray:
+HALF_ACCUMULATION_ORDERS = ("ascending", "descending", "pairs")
+
+
+def naive_forward_half_accumulation(case: Case, order: str = "ascending", scaling: str = "q") -> np.ndarray:
     """The output of a naive implementation whose dot products (Q K^T and P V) accumulate in the
-    case's own dtype, rounded after every multiply and every addition, ascending; the softmax in
-    float32 as in `naive_forward`. Not a yardstick of the spec (which allows float32 accumulation):
+    case's own dtype, rounded after every multiply and every addition, in `order` (ascending,
+    descending, or "pairs": even and odd terms in two running sums added at the end, as Eigen's float16
+    contraction on CPU sums a 96-term dot product, bit for bit, measured); the scale on Q before the
+    product (`scaling="q"`) or on the float16 product in float32 ("logits", as Keras does); the softmax
+    in float32 as in `naive_forward`. Not a yardstick of the spec (which allows float32 accumulation):
     it states what "accumulates in half precision" means where a divergence declares it."""
-    key = ("naive_half_accumulation", case.dtype)
+    key = ("naive_half_accumulation", case.dtype, order, scaling)
     if key in case._cache:
         return case._cache[key]
+    if order not in HALF_ACCUMULATION_ORDERS or scaling not in ("q", "logits"):
+        raise ValueError(f"unknown half accumulation variant {order!r}, {scaling!r}")
     r = _rounder(case.dtype)
     f32 = np.float32
     hq = case.shape["Hq"]
     vis = oracle(case).visible
 
     def matmul_in_dtype(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        acc = np.zeros(a.shape[:-1] + b.shape[-1:], f32)
-        for i in range(a.shape[-1]):
-            acc = r(acc + r(a[..., :, i:i + 1] * b[..., i:i + 1, :]))
-        return acc
+        n = a.shape[-1]
+        steps = range(n - 1, -1, -1) if order == "descending" else range(n)
+        acc = [np.zeros(a.shape[:-1] + b.shape[-1:], f32) for _ in range(2)]
+        for i in steps:
+            lane = i % 2 if order == "pairs" else 0
+            acc[lane] = r(acc[lane] + r(a[..., :, i:i + 1] * b[..., i:i + 1, :]))
+        return r(acc[0] + acc[1]) if order == "pairs" else acc[0]
 
     with np.errstate(all="ignore"):
-        q = r(case.q.astype(f32) * f32(case.effective_scale))
+        scale = f32(case.effective_scale)
+        q = r(case.q.astype(f32) * scale) if scaling == "q" else case.q.astype(f32)
         k = expand_kv(case.k, hq).astype(f32)
         v = expand_kv(case.v, hq).astype(f32)
         s = matmul_in_dtype(q, np.swapaxes(k, -1, -2))
+        if scaling == "logits":
+            s = (s * scale).astype(f32)
         if case.bias is not None:
             s = r(s + np.broadcast_to(case.bias, s.shape).astype(f32))
         s = np.where(vis, s, -np.inf).astype(f32)
@@ -265,3 +279,18 @@ def naive_forward_half_accumulation(case: Case) -> np.ndarray:
         out = matmul_in_dtype(w, np.where(np.isfinite(v), v, f32(0))).astype(np.float64)
     case._cache[key] = out
     return out
+
+
+def half_accumulation_error(case: Case) -> np.ndarray:
+    """Elementwise max over the half-accumulating naive variants (every order of
+    HALF_ACCUMULATION_ORDERS, the scale on Q or on the logits) of |O_naive - O_ref|: which order an
+    implementation sums in is not observable from outside, and for short rows (Lk = 2) the error of
+    one order does not bound another's element by element (measured on Keras eager)."""
+    ref = oracle(case).out
+    err = np.zeros(ref.shape)
+    with np.errstate(invalid="ignore"):
+        for order in HALF_ACCUMULATION_ORDERS:
+            for scaling in ("q", "logits"):
+                e = np.abs(naive_forward_half_accumulation(case, order, scaling) - ref)
+                err = np.fmax(err, np.nan_to_num(e, nan=0.0, posinf=0.0))
+    return err

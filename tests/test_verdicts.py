@@ -53,7 +53,11 @@ AGREEMENT = ("-k", "test_output_matches_reference")
 
 def test_a_bug_behind_a_declared_divergence_is_caught(tmp_path):
     """The kernel's empty rows are declared (mean of V); its other rows, wrong in exactly the cases that
-    have an empty row, are still judged: NONCONFORMANT. A whole-case exemption passed it."""
+    have an empty row, are still judged: NONCONFORMANT. A whole-case exemption passed it.
+    The cases saved beside the run file are this run's: one left by an earlier run is removed."""
+    saved = tmp_path / "run-failures"
+    saved.mkdir()
+    (saved / "left-by-an-earlier-run.npz").write_bytes(b"")
     proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:MeanOfValuesTripledLogits", *AGREEMENT,
                       entries=EMPTY_MEAN.format(extra=""))
     assert run["verdict"]["verdict"] == "NONCONFORMANT", proc.stdout[-2000:]
@@ -61,6 +65,8 @@ def test_a_bug_behind_a_declared_divergence_is_caught(tmp_path):
     failing = [c for c in run["cells"] if c["status"] == "failing"]
     assert failing and all(c["first_failure"]["case"] for c in failing)
     assert "mask=" in " ".join(c["first_failure"]["case"] for c in failing)   # the failing cases have masks
+    named = {Path(r["failure_file"]).name for r in run["records"] if r["failure_file"]}
+    assert named and {p.name for p in saved.glob("*.npz")} == named
 
 
 def test_the_same_kernel_without_the_bug_conforms_with_its_divergence(tmp_path):
@@ -139,6 +145,37 @@ def test_a_failure_in_one_dtype_leaves_the_others_judged(tmp_path):
     by_dtype = {c["dtype"]: c["status"] for c in cells}
     assert by_dtype["float16"] == "failing", by_dtype
     assert {by_dtype[d] for d in ("float64", "float32", "bfloat16")} == {"conformant"}, by_dtype
+
+
+MQA_RAISES = '''
+[[divergence]]
+id = "TEST-MQA-RAISES"
+clause = "ATTN-GQA-2"
+kind = "bug"
+implementations = ["numpy:kernel:*"]
+region = "multi_query"
+instead = "raises"
+reason = "test entry: one KV head for several query heads raises"
+witness = "multi_query_heads"
+'''
+
+
+def test_a_cell_whose_every_case_raises_as_declared_ends_early(tmp_path):
+    """Every case of test_mqa_single_kv_head is MQA, and the kernel raises on each as its entry declares:
+    each cell stops after RAISES_DRAWS draws (Hypothesis would draw hundreds), divergent, every raise
+    checked. The GQA test beside it, whose cases are mostly not MQA, still judges its examples."""
+    from attnconf.conformance.harness import RAISES_DRAWS
+
+    proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:RaisesOnMultiQuery", "-k",
+                      "test_mqa_single_kv_head or test_gqa_is_repeat_interleave", entries=MQA_RAISES)
+    mqa = [r for r in run["records"] if r["test"] == "test_mqa_single_kv_head"]
+    assert len(mqa) == 4, [r["dtype"] for r in mqa]
+    for r in mqa:
+        assert r["examples_checked"] == 0 and r["examples_divergent"] == r["examples"] <= RAISES_DRAWS + 1, r
+        assert "raised as declared (TEST-MQA-RAISES)" in r["message"], r["message"]
+    gqa = [c for c in run["cells"] if c["clause"] == "ATTN-GQA-1"]
+    assert gqa and all(c["checked"] >= 3 for c in gqa), gqa
+    assert {c["status"] for c in run["cells"] if c["clause"] == "ATTN-GQA-2"} == {"divergent"}
 
 
 def test_failed_clauses_are_the_clauses_that_failed(tmp_path):

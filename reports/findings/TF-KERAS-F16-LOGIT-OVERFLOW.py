@@ -48,6 +48,14 @@ def main() -> int:
           f"XLA (jit_compile): NaN elements {int(np.isnan(out_xla).sum())}; reference finite: {bool(np.isfinite(ref).all())}")
     print(f"same call with Q pre-multiplied by the scale (scale=1.0), still float16: "
           f"max |out - reference| = {np.abs(prescaled - ref).max():.2g}")
+    # the same overflow downwards: the row's one visible key gets -inf, the masked key tf.where's finite fill
+    q2 = np.full((1, 1, 1, 4), 150.0, np.float16)
+    k2 = np.array([[[[-150.0] * 4]], [[[0.3, 0.2, -0.4, 0.9]]]], np.float16).reshape(1, 2, 1, 4)
+    v2 = np.array([[0.125, -0.25, 0.0625, 0.375], [-1.5, 2.25, 2.0, -3.0]], np.float16).reshape(1, 2, 1, 4)
+    mask = np.array([[[[True, False]]]])                           # (B, N, T, S): key 1 masked
+    got = np.asarray(ops.dot_product_attention(q2, k2, v2, mask=mask)).astype(np.float64)[0, 0, 0]
+    print(f"q.k = -90000 at the row's one visible key, its other key masked: output {got.tolist()}, "
+          f"the visible key's value {v2[0, 0, 0].astype(float).tolist()}, the masked key's {v2[0, 1, 0].astype(float).tolist()}")
     if np.isnan(out).any() and np.isfinite(ref).all():
         print("REPRODUCED: float16 attention returns NaN because Q K^T overflows before scaling "
               f"(unscaled {qk.max():.0f} > 65504, scaled {qk.max() * scale:.0f})")

@@ -62,3 +62,12 @@ class WrongOutputDtype(ReferenceAdapter):
         if case.dtype in ("float16", "bfloat16"):
             res.out_dtype = "float32"
         return res
+
+
+class RaisesOnMultiQuery(ReferenceAdapter):
+    """Correct, except that one KV head shared by several query heads raises (as Keras on TensorFlow does)."""
+
+    def run(self, case: Case, *, grads: bool = False) -> Result:
+        if case.shape["Hkv"] == 1 and case.shape["Hq"] > 1:
+            raise ValueError("Expected dimension 4 at axis 2 but got dimension 1")
+        return super().run(case, grads=grads)
