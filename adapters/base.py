@@ -118,6 +118,11 @@ class Implementation:
         the suite to mark an lse cell unsupported without drawing a case."""
         return None if dtype in self.lse_dtypes else f"{self.name} returns no lse that can be judged in {dtype}"
 
+    def cell_refusal(self, needs: tuple[str, ...], dtype: str | None) -> str | None:
+        """Why every case of a cell is refused, known before drawing one: the cell's property needs each of
+        `needs` ("a|b" = either) in `dtype`. None if the cell draws (the default)."""
+        return None
+
     def __init__(self, device: str = "cpu"):
         self.device = device
 

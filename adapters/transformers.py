@@ -444,12 +444,18 @@ class EagerAdapter(TransformersAdapter):
 
     def impl_support(self, case: Case, p: Plan) -> Literal[True] | str:
         if case.dropout_p and case.dtype == "float64":
-            # The float64 softmax runs in float32 (TRANSFORMERS-EAGER-F64-SOFTMAX-F32): a float64 dropout call is
-            # float32-accurate, and a dropout output has no element-wise reference against which a precision
-            # divergence could be checked (the dropout tests hold kept weights to the float64 allowance).
-            return (f"{self.name}: dropout in float64 (the float64 softmax runs in float32, and a dropout output "
-                    f"cannot be judged against a precision divergence)")
+            return self._float64_dropout()
         return True
+
+    def cell_refusal(self, needs: tuple[str, ...], dtype: str | None) -> str | None:
+        return self._float64_dropout() if dtype == "float64" and "dropout" in needs else None
+
+    def _float64_dropout(self) -> str:
+        # The float64 softmax runs in float32 (TRANSFORMERS-EAGER-F64-SOFTMAX-F32): a float64 dropout call is
+        # float32-accurate, and a dropout output has no element-wise reference against which a precision
+        # divergence could be checked (the dropout tests hold kept weights to the float64 allowance).
+        return (f"{self.name}: dropout in float64 (the float64 softmax runs in float32, and a dropout output "
+                f"cannot be judged against a precision divergence)")
 
     def custom_mask(self, case: Case, p: Plan, dtype: torch.dtype):
         """transformers' eager convention (masking_utils.eager_mask): 0 where visible, finfo(dtype).min where hidden."""

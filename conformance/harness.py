@@ -54,14 +54,16 @@ def cell_minimum(session: "Session", implementation: str, clauses: Iterable[str]
 
 def refused_at_once(adapter: Any, needs: Iterable[str], dtype: str | None) -> str | None:
     """Why a cell is unsupported before drawing a case: the implementation declares none of a needed
-    feature, or cannot return an lse to judge in `dtype`; None if it draws."""
+    feature, cannot return an lse to judge in `dtype`, or refuses the cell (Adapter.cell_refusal);
+    None if it draws."""
     caps = set(getattr(adapter, "capabilities", ()))
     lacking = [n for n in needs if not caps & set(n.split("|"))]
     if lacking:
         return f"{adapter.name} declares none of {', '.join(lacking)}"
-    if "lse" in needs and dtype is not None:
+    if "lse" in needs and dtype is not None and adapter.lse_refusal(dtype):
         return adapter.lse_refusal(dtype)
-    return None
+    refusal = getattr(adapter, "cell_refusal", None)
+    return refusal(tuple(needs), dtype) if refusal is not None else None
 
 
 class ConformanceFailure(AssertionError):

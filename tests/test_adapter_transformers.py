@@ -396,3 +396,17 @@ def test_flex_conforms_on_left_padding_and_softcap():
         case = WITNESSES["hf_left_padded_f32"]().replace(dtype=dtype, softcap=2.0)
         assert T.judge_output(_flex_run(case).out, case).ok
     assert "float64" in flex.supports(WITNESSES["hf_left_padded_f64"]())
+
+
+@pytest.mark.parametrize("cls", [tfa.EagerAdapter, tfa.EagerSoftcapAdapter, tfa.EagerSinksAdapter])
+def test_float64_dropout_cells_are_refused_before_drawing(cls):
+    """The eager paths refuse every float64 dropout case (impl_support); the cells of properties that need
+    dropout say so at once (Adapter.cell_refusal) instead of after Hypothesis's hundreds of refused draws."""
+    from attnconf.conformance.harness import refused_at_once
+
+    adapter = cls("cpu")
+    case = _case(dtype="float64").replace(dropout_p=0.25)
+    reason = refused_at_once(adapter, ("dropout",), "float64")
+    assert reason and reason == adapter.supports(case, need=frozenset({"dropout"}))
+    assert refused_at_once(adapter, ("dropout",), "float32") is None
+    assert refused_at_once(adapter, ("mask|bias",), "float64") is None
