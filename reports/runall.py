@@ -107,10 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         return label, verdict, code, secs
 
     # The slowest jobs first, so that the last one to start is a short one (measured on this 2-core CPU,
-    # two at a time, ci profile: transformers:flex 242 s, flax 195, tinygrad 149, jax 134, tensorflow 123,
-    # torch:flex 117, transformers 98, onnx 83, equinox 81, torch 49, numpy 19; 649 s in all).
-    slow_first = ["transformers:flex", "flax", "flax:linen-dpa-fp32-softmax", "tinygrad", "jax", "tensorflow", "torch:flex", "transformers",
-                  "onnx", "equinox", "torch", "numpy"]
+    # two at a time, ci profile, 2026-11-24: transformers:flex 273 s, tinygrad 186, torch:flex 138,
+    # flax:linen-dpa-fp32-softmax 133, jax 116, transformers 114, flax 109, equinox 104, onnx 98,
+    # tensorflow 97, torch 48, numpy 19; 727 s in all).
+    slow_first = ["transformers:flex", "tinygrad", "torch:flex", "flax:linen-dpa-fp32-softmax", "jax", "transformers",
+                  "flax", "equinox", "onnx", "tensorflow", "torch", "numpy"]
     todo.sort(key=lambda j: slow_first.index(j[1] or j[0]) if (j[1] or j[0]) in slow_first else len(slow_first))
     with ThreadPoolExecutor(max_workers=width) as pool:
         summary = list(pool.map(one, todo))
