@@ -163,9 +163,14 @@ def half_dot_negative_overflow_rows(case) -> np.ndarray:
     if case.dtype != "float16":
         return rows
     hidden = mask_hidden_keys(case)
-    with np.errstate(all="ignore"):
-        prods = case.q[:, :, :, None, :] * expand_kv(case.k, s["Hq"])[:, :, None, :, :]
-        sinks = np.where(prods < 0, prods, 0.0).sum(axis=-1) < -65504.0
+    if not hidden.any():
+        return rows
+    k = expand_kv(case.k, s["Hq"])
+    with np.errstate(all="ignore"):     # a product is negative where the signs differ: q+ k- + q- k+
+        qp, qn = np.maximum(case.q, 0.0), np.minimum(case.q, 0.0)
+        kp, kn = np.maximum(k, 0.0), np.minimum(k, 0.0)
+        negative = np.einsum("bhid,bhjd->bhij", qp, kn) + np.einsum("bhid,bhjd->bhij", qn, kp)
+        sinks = negative < -65504.0
     if case.bias is not None:
         sinks |= np.broadcast_to(np.isneginf(case.bias), sinks.shape)
     return hidden.any(axis=-1) & (sinks | hidden).all(axis=-1)

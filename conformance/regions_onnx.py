@@ -143,12 +143,13 @@ def _float_mask_minus_inf(case: Case) -> np.ndarray:
     from attnconf.reference import visibility  # noqa: PLC0415
 
     full = (s["B"], s["Hq"], s["Lq"], s["Lk"])
+    lengths = dict(q_lengths=case.q_lengths, kv_lengths=case.kv_lengths)
+    padded = ~visibility(full, **lengths)      # the adapter folds query padding into the mask: not the operator's
     own = np.zeros(full, dtype=bool)
     if "is_causal" in call.attrs:       # the adapter gives the operator a frontier only where it is the spec's
-        own |= ~visibility(full, causal=case.causal, q_lengths=case.q_lengths, kv_lengths=case.kv_lengths)
+        own |= ~visibility(full, causal=case.causal, **lengths) & ~padded
     if "left_window_size" in call.attrs:
-        own |= ~visibility(full, window=case.window, window_align=case.window_align, q_lengths=case.q_lengths,
-                           kv_lengths=case.kv_lengths)
+        own |= ~visibility(full, window=case.window, window_align=case.window_align, **lengths) & ~padded
     return np.broadcast_to(np.isneginf(np.asarray(m, np.float64)), full) & ~own
 
 

@@ -356,3 +356,30 @@ def test_softcap_comes_before_the_bias_and_mask(impls, name):
     case = Case.build(3 * RNG.normal(size=(1, 2, 6, 8)), 3 * RNG.normal(size=(1, 2, 6, 8)), RNG.normal(size=(1, 2, 6, 8)),
                       bias=np.where(m, 0.5, -np.inf), causal="bottom_right", softcap=1.5, dtype="float32")
     assert_close_naive32(impls[name].run(case).out, case)
+
+
+@needs_ort
+@pytest.mark.parametrize("huge", [0, 4], ids=["key-hidden-by-the-float-mask", "key-hidden-by-the-frontier"])
+def test_float16_sentinel_model_tells_a_float_mask_from_the_causal_frontier(impls, huge):
+    """onnxruntime's float16 Attention (core/providers/cpu/llm/attention.cc) adds a float attn_mask as it
+    is, so its -inf hides key 0 however large that key's logit; the causal frontier overwrites the mask
+    with the sentinel -65504, so key 4's logit of 1.2e5 survives it and takes every row. (The adapter sends
+    a float mask because the case has a bias.) The model, ort_f16_sentinel_expected, predicts both on the
+    rows that see a key; with the sentinel at key 0 too, it predicted that those rows output V[0]."""
+    q = np.zeros((1, 1, 4, 16))
+    q[..., 0] = 8.0
+    k = np.random.default_rng(3).normal(size=(1, 1, 5, 16))
+    k[0, 0, huge, 0] = 60000.0                         # scaled logit 8 * 60000 / 4 = 120000
+    v = np.random.default_rng(4).normal(size=(1, 1, 5, 16))
+    mask = np.ones((1, 1, 4, 5), bool)
+    mask[..., 0] = False
+    bias = np.random.default_rng(5).normal(size=(1, 1, 4, 5))
+    case = Case.build(q, k, v, mask=mask, bias=bias, causal="top_left", dtype="float16")
+    assert attention_call(case).feeds["attn_mask"].dtype == np.float16
+    rows = oracle(case).visible.any(axis=-1)[0, 0]
+    assert rows.tolist() == [False, True, True, True]
+    expected = alternatives_onnx.ort_f16_sentinel_expected(case)["out"][0, 0, rows]
+    got = impls["onnx:ort-attention"].run(case).out[0, 0, rows]
+    assert np.abs(got - expected).max() < 5e-3, (got[:, :3], expected[:, :3])
+    leak = np.broadcast_to(case.v[0, 0, huge], expected.shape)
+    assert np.allclose(expected, leak, atol=5e-3) == (huge == 4)
