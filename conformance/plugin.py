@@ -199,7 +199,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config, "workerinput", None) is None:
         config.pluginmanager.register(state, "attnconf-run")
         _install_sigterm(config)
-        if report and not config.getoption("--failures-dir"):
+        if report and not config.getoption("--failures-dir") and replay is None:   # a replay keeps its case
             _clear_saved_failures(_failures_dir(config))
 
 

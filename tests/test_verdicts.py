@@ -67,6 +67,11 @@ def test_a_bug_behind_a_declared_divergence_is_caught(tmp_path):
     assert "mask=" in " ".join(c["first_failure"]["case"] for c in failing)   # the failing cases have masks
     named = {Path(r["failure_file"]).name for r in run["records"] if r["failure_file"]}
     assert named and {p.name for p in saved.glob("*.npz")} == named
+    # replaying one of them into the same run file keeps the saved cases
+    rec = next(r for r in run["records"] if r["failure_file"])
+    suite(tmp_path, "-k", rec["test"], "--kernel=tests.kernels.verdicts:MeanOfValuesTripledLogits",
+          f"--replay={rec['failure_file']}", entries=EMPTY_MEAN.format(extra=""))
+    assert {p.name for p in saved.glob("*.npz")} == named
 
 
 def test_the_same_kernel_without_the_bug_conforms_with_its_divergence(tmp_path):
