@@ -170,7 +170,12 @@ def _mean_of_values(entry, case, res, masks) -> Verdict:
 
 
 def _mean_of_values_out(case, res, masks, as_dtype: str | None = None) -> Verdict:
-    rows = _mean_rows(masks["out"])
+    return _mean_of_values_judge(case, res, _mean_rows(masks["out"]), as_dtype)(masks["out"])
+
+
+def _mean_of_values_judge(case, res, rows: np.ndarray, as_dtype: str | None = None) -> Callable[[np.ndarray], Verdict]:
+    """The judgement of `res.out` against the mean of V over the mask-hidden keys of `rows`, for any mask of
+    output elements within those rows: the expected values and allowances are computed once."""
     w = uniform_weights(case, rows)
     v = expand_kv(case.v, case.shape["Hq"])
     expected = np.einsum("bhij,bhjd->bhid", w, np.where(np.isfinite(v), v, 0.0))
@@ -181,17 +186,18 @@ def _mean_of_values_out(case, res, masks, as_dtype: str | None = None) -> Verdic
         lk = case.shape["Lk"]
         bound = 2 * T.spec.tolerances()["float64"]["gamma"] * T.EPS64 * (lk + 4) * vmax
         with np.errstate(invalid="ignore"):
-            bad = masks["out"] & ~(np.abs(np.asarray(res.out) - expected) <= bound)
-        if bad.any():
-            idx = _first(bad)
-            return Verdict(False, f"out row {idx[:3]}: {res.out[idx]:.17g} is not the mean of V {expected[idx]:.17g}")
-    else:
-        base = _weighted_sum_error(w, expected, case, dtype)
-        j = T.judge_arrays(res.out, expected, base, dtype, quantity="out (mean of V)",
-                           magnitude=vmax, mask=masks["out"])
-        if not j.ok:
-            return _judged(j)
-    return Verdict(True)
+            wrong = ~(np.abs(np.asarray(res.out) - expected) <= bound)
+
+        def judge(mask: np.ndarray) -> Verdict:
+            bad = mask & wrong
+            if bad.any():
+                idx = _first(bad)
+                return Verdict(False, f"out row {idx[:3]}: {res.out[idx]:.17g} is not the mean of V {expected[idx]:.17g}")
+            return Verdict(True)
+        return judge
+    base = _weighted_sum_error(w, expected, case, dtype)
+    return lambda mask: _judged(T.judge_arrays(res.out, expected, base, dtype, quantity="out (mean of V)",
+                                               magnitude=vmax, mask=mask))
 
 
 def _layer_mean_of_values(lc, res, masks) -> Verdict:
@@ -219,10 +225,11 @@ def _hidden_mean_or_spec(entry, case, res, masks) -> Verdict:
     order, which the region bounds but cannot predict row by row."""
     rows = masks["out"].any(axis=-1)
     taken = np.zeros_like(rows)
+    judge = _mean_of_values_judge(case, res, rows)
     for idx in map(tuple, np.argwhere(rows)):
         one = np.zeros_like(masks["out"])
         one[idx] = masks["out"][idx]
-        taken[idx] = _mean_of_values_out(case, res, {"out": one}).ok
+        taken[idx] = judge(one).ok
     masks["out"] &= taken[..., None]     # the other rows stay unexempted: the spec or the next entry judges them
     return Verdict(True)
 

@@ -60,8 +60,9 @@ def refused_at_once(adapter: Any, needs: Iterable[str], dtype: str | None) -> st
     lacking = [n for n in needs if not caps & set(n.split("|"))]
     if lacking:
         return f"{adapter.name} declares none of {', '.join(lacking)}"
-    if "lse" in needs and dtype is not None and adapter.lse_refusal(dtype):
-        return adapter.lse_refusal(dtype)
+    lse = adapter.lse_refusal(dtype) if "lse" in needs and dtype is not None else None
+    if lse:
+        return lse
     refusal = getattr(adapter, "cell_refusal", None)
     return refusal(tuple(needs), dtype) if refusal is not None else None
 
@@ -387,8 +388,7 @@ def _give_up_if_every_draw_raises(rec) -> None:
     if rec.checked or rec.unsupported or rec.rejected < RAISES_DRAWS - 1 or rec.divergent < rec.rejected + 1:
         return
     entries = ", ".join(sorted(rec.divergences))
-    pytest.skip(f"unsupported: every case drawn raised as declared ({entries}): {rec.divergent} of "
-                f"{rec.divergent} draws")
+    pytest.skip(f"unsupported: every case drawn raised as declared ({entries}): {rec.divergent} draws")
 
 
 def scope_of(adapter: Adapter) -> dict[str, Any]:

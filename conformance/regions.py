@@ -63,6 +63,13 @@ def fully_masked_rows(case) -> np.ndarray:
     return ~oracle(case).visible.any(axis=-1)
 
 
+@region
+def rows_seeing_a_key(case) -> np.ndarray:
+    """Rows that see at least one key: every row whose output is a weighted sum of values (the
+    complement of fully_masked_rows). Their gradients reach dQ of the row and dK/dV of its keys."""
+    return ~fully_masked_rows(case)
+
+
 def mask_hidden_keys(case: Case) -> np.ndarray:
     """(B, Hq, Lq, Lk): keys hidden by something other than the bias (the boolean mask, causal
     alignment, a window, padding). An API that applies those as a large finite negative logit gives

@@ -118,13 +118,16 @@ def _ort_f16_masked_logits(case: Case) -> np.ndarray | None:
         return None
     from attnconf.reference import expand_kv  # noqa: PLC0415
 
-    s = case.shape
-    q32 = case.q.astype(np.float32)
-    k32 = expand_kv(case.k, s["Hq"]).astype(np.float32)
-    with np.errstate(all="ignore"):
-        logit = np.float32(case.effective_scale) * np.einsum("bhid,bhjd->bhij", q32, k32)
-        e = (logit + np.float32(F16_LOWEST)).astype(np.float16).astype(np.float64)
-    return np.where(_float_mask_minus_inf(case), -np.inf, e)
+    key = ("ort_f16_masked_logits",)      # the region and the alternative both need it for each case
+    if key not in case._cache:
+        s = case.shape
+        q32 = case.q.astype(np.float32)
+        k32 = expand_kv(case.k, s["Hq"]).astype(np.float32)
+        with np.errstate(all="ignore"):
+            logit = np.float32(case.effective_scale) * np.einsum("bhid,bhjd->bhij", q32, k32)
+            e = (logit + np.float32(F16_LOWEST)).astype(np.float16).astype(np.float64)
+        case._cache[key] = np.where(_float_mask_minus_inf(case), -np.inf, e)
+    return case._cache[key]
 
 
 def _float_mask_minus_inf(case: Case) -> np.ndarray:

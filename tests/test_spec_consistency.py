@@ -91,7 +91,7 @@ def test_an_entry_over_everything_states_a_bound_that_its_alternative_applies(ch
     from attnconf.conformance.divergences import DivergenceError
 
     load_all()
-    entry = {k: v for k, v in _tf_half_entry(**change).items() if v is not None}
+    entry = {k: v for k, v in _tf_half_entry(**{"region": "any", **change}).items() if v is not None}
     with pytest.raises(DivergenceError, match=message):
         Divergences([entry], "cpu")
 
