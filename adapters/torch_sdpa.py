@@ -70,10 +70,13 @@ class SdpaAdapter(TorchAdapter):
     fused_op: ClassVar[str] = ""                       # substring of the aten op that must run
     dtypes_by_device: ClassVar[dict[str, tuple[str, ...]]] = {"cpu": ALL_DTYPES, "cuda": ALL_DTYPES}
     capabilities = SDPA_CAPS | {"dbias"}
+    # what the forced backend refuses on a device, every time (torch._fused_sdp_choice's reasons)
+    lacks_by_device: ClassVar[dict[str, frozenset[str]]] = {}
 
     def __init__(self, device: str = "cpu"):
         super().__init__(device)
         self.dtypes = self.dtypes_by_device[device]
+        self.capabilities = self.capabilities - self.lacks_by_device.get(device, frozenset())
 
     def kernel_description(self) -> str:
         return f"F.scaled_dot_product_attention forced to SDPBackend.{self.sdp_backend.name}"
@@ -221,14 +224,16 @@ class SdpaFlash(SdpaAdapter):
     devices = ("cpu", "cuda")
     dtypes_by_device = {"cpu": ALL_DTYPES, "cuda": ("float16", "bfloat16")}
     capabilities = SDPA_CAPS            # no dbias: the flash kernels take no attn_mask gradient
-
-    def __init__(self, device: str = "cpu"):
-        super().__init__(device)
-        if self.device == "cpu":
-            # the CPU flash kernel takes no dropout: torch._fused_sdp_choice refuses every case with
-            # dropout_p > 0 (torch 2.13), so its dropout cells are out of scope at once instead of after
-            # hundreds of refused draws
-            self.capabilities = self.capabilities - {"dropout"}
+    lacks_by_device = {
+        # the CPU flash kernel takes no dropout: torch._fused_sdp_choice refuses every case with
+        # dropout_p > 0 (torch 2.13), so its dropout cells are out of scope at once instead of after
+        # hundreds of refused draws
+        "cpu": frozenset({"dropout"}),
+        # the CUDA flash kernel takes no attn_mask ("Flash Attention does not support non-null attn_mask",
+        # torch 2.11 on an H100), and the adapter passes padding and bottom-right causal as one; its only
+        # causal masking is is_causal=True, top-left
+        "cuda": frozenset({"mask", "bias", "q_lengths", "kv_lengths", "mask_with_causal", "causal_bottom_right"}),
+    }
 
 
 class SdpaEfficient(SdpaAdapter):
@@ -237,6 +242,9 @@ class SdpaEfficient(SdpaAdapter):
     fused_op = "_scaled_dot_product_efficient_attention"
     devices = ("cuda",)
     dtypes_by_device = {"cuda": ("float32", "float16", "bfloat16")}
+    # "For dense input, both fused kernels require query, key and value to have the same num_heads"
+    # (torch 2.11 on an H100): enable_gqa is refused; grouped heads reach it only expanded by the caller
+    lacks_by_device = {"cuda": frozenset({"gqa"})}
 
 
 class SdpaCudnn(SdpaAdapter):

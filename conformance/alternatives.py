@@ -9,6 +9,7 @@ Every check returns a `Verdict`: ok, a one-line detail, and the ratio of error t
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -459,15 +460,55 @@ def scale_float32_case(case: Case) -> Case:
 
 @alternative("finite_mask_bias", FORWARD + GRADIENTS, numeric=True)
 def _finite_mask_bias(entry, case, res, masks) -> Verdict:
-    """The reference with the boolean mask applied as the finite bias `value` instead of -inf."""
-    if case.mask is None:
-        return _judge_against(case, case, res, masks)
+    """The reference with the keys that the kernel receives as a boolean mask given the finite bias
+    `value` instead of -inf (see finite_mask_bias_case)."""
+    return _judge_against(finite_mask_bias_case(case, float(entry["value"]), entry.get("finite_for")), case, res, masks)
+
+
+FINITE_SOURCES = ("mask", "causal", "window", "q_lengths", "kv_lengths")
+
+
+def finite_mask_bias_case(case: Case, value: float, finite_for: list[str] | None = None) -> Case:
+    """The case as a kernel computes it that turns what hides keys into one boolean mask and adds that
+    mask as the finite bias `value`: a hidden key's logit becomes float32(logit + value), stored as a bias
+    in the case's dtype. With -32768 the logits' differences survive (a row that sees no key attends over
+    its hidden keys); with -2**41 in bfloat16 they do not (uniform weights: the mean of V over those
+    keys). `finite_for` names which of FINITE_SOURCES the kernel receives in that mask (default all: an
+    SDPA-convention call folds mask, causal alignment, window and padding together); the others, and a
+    -inf bias, hide keys as the spec says."""
+    srcs = set(FINITE_SOURCES if finite_for is None else finite_for)
     s = case.shape
     full = (s["B"], s["Hq"], s["Lq"], s["Lk"])
-    bias = np.zeros((1, 1, 1, 1)) if case.bias is None else case.bias
-    alt_bias = np.broadcast_to(bias, full) + np.where(np.broadcast_to(case.mask, full), 0.0, float(entry["value"]))
-    alt = case.replace(mask=None, bias=alt_bias)
-    return _judge_against(alt, case, res, masks)
+    from attnconf.reference import visibility
+
+    lengths = {"q_lengths": case.q_lengths, "kv_lengths": case.kv_lengths}
+    padded = ~visibility(full, **lengths)
+
+    def hidden_by(name: str) -> np.ndarray:
+        if name == "mask":
+            return ~visibility(full, mask=case.mask)
+        if name in lengths:
+            return ~visibility(full, **{name: lengths[name]})
+        # causal alignment and windows sit where the lengths put them (bottom-right: at each sequence's end)
+        extra = {"causal": case.causal} if name == "causal" else {"window": case.window, "window_align": case.window_align}
+        return ~visibility(full, **extra, **lengths) & ~padded
+    hidden = np.zeros(full, dtype=bool)
+    for name in srcs & set(FINITE_SOURCES):
+        if getattr(case, name) is not None:
+            hidden |= hidden_by(name)
+    if not hidden.any():
+        return case
+    logits = oracle(case).logits
+    ok = hidden & np.isfinite(logits)
+    shifted = np.asarray(np.float32(np.where(ok, logits, 0.0) + value), dtype=np.float64)
+    base = np.zeros(full) if case.bias is None else np.broadcast_to(case.bias, full)
+    bias = base + np.where(ok, shifted - np.where(ok, logits, 0.0), 0.0)
+    # not Case.replace: it would round the bias to the case's dtype, and a bias of -2**41 - logit rounded
+    # to bfloat16 is -2**41 again, which gives the logits' differences back in the float64 reference
+    alt = dataclasses.replace(case, bias=bias, _cache={},
+                              **{n: None for n in srcs if n in FINITE_SOURCES and getattr(case, n) is not None})
+    alt.validate()
+    return alt
 
 
 @alternative("unmasked", FORWARD)

@@ -209,6 +209,12 @@ def _normalise(entry: dict[str, Any], witnesses: dict) -> dict[str, Any]:
         raise DivergenceError(f"{where}: field 'bound': {e['instead']!r} takes no bound (those that do: {takes})")
     if e["instead"] == "finite_mask_bias" and not isinstance(e.get("value"), (int, float)):
         raise DivergenceError(f"{where}: instead = 'finite_mask_bias' needs a numeric field 'value'")
+    if "finite_for" in e:
+        from .alternatives import FINITE_SOURCES
+        bad = [x for x in e["finite_for"] if x not in FINITE_SOURCES]
+        if e["instead"] != "finite_mask_bias" or bad or not e["finite_for"]:
+            raise DivergenceError(f"{where}: field 'finite_for' goes with instead = 'finite_mask_bias' and lists some "
+                                  f"of {', '.join(FINITE_SOURCES)}" + (f" (not {', '.join(map(repr, bad))})" if bad else ""))
     if e["instead"] in ("raises", "returns") and e["region"] not in CASE_REGIONS:
         raise DivergenceError(f"{where}: instead = {e['instead']!r} concerns a whole call; its region must be a "
                               f"case region ({', '.join(sorted(CASE_REGIONS))})")

@@ -752,6 +752,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+_UNVALIDATED_SAID: list[Path] = []   # the run file that was written unvalidated, said once per process
+
+
 def _write_run(path: Path, run: dict[str, Any]) -> None:
     """Write the run file; if it does not validate (a suite bug), keep the records anyway beside it."""
     import json
@@ -760,6 +763,12 @@ def _write_run(path: Path, run: dict[str, Any]) -> None:
 
     try:
         runfile.write(path, run)
+    except runfile.SchemaUnavailable as exc:
+        # a run on a machine without jsonschema (a GPU image, say) keeps its results, unvalidated
+        runfile.write(path, run, check=False)
+        if not _UNVALIDATED_SAID:
+            _UNVALIDATED_SAID.append(path)
+            sys.stderr.write(f"attnconf: {exc}; it is written unvalidated\n")
     except runfile.RunFileError as exc:
         keep = path.with_suffix(".invalid.json")
         keep.write_text(json.dumps(runfile.encode(run), indent=1) + "\n")

@@ -224,6 +224,39 @@ def masked_logit_beats_finite_mask_bias(case) -> np.ndarray:
     return (hidden & (f.logits - 32768.0 > top_visible - 40.0)).any(axis=-1)
 
 
+@region
+def bool_mask_emptied_rows(case) -> np.ndarray:
+    """mask_emptied_rows of cases without a bias: an SDPA-convention call then passes the mask, padding
+    and causal alignment as one boolean attn_mask (with a bias it passes a float mask holding -inf)."""
+    rows = mask_emptied_rows(case)
+    return rows if case.bias is None else np.zeros_like(rows)
+
+
+@region
+def bool_masked_logit_beats_finite_mask_bias(case) -> np.ndarray:
+    """masked_logit_beats_finite_mask_bias of cases without a bias (see bool_mask_emptied_rows)."""
+    rows = masked_logit_beats_finite_mask_bias(case)
+    return rows if case.bias is None else np.zeros_like(rows)
+
+
+@region
+def zero_scale_rows(case) -> bool | np.ndarray:
+    """Every row of a case with a custom scale of exactly 0 (every logit 0: uniform weights)."""
+    if case.scale is None or case.scale != 0:
+        return False
+    s = case.shape
+    return np.ones((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+
+
+@region
+def nonpositive_scale_rows(case) -> bool | np.ndarray:
+    """Every row of a case with a custom scale <= 0."""
+    if case.scale is None or case.scale > 0:
+        return False
+    s = case.shape
+    return np.ones((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+
+
 # ---- case regions ----------------------------------------------------------------
 
 @case_region

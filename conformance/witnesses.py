@@ -202,6 +202,37 @@ def fully_masked_row_bfloat16() -> Case:
     return Case.build(q, k, v, mask=mask, dtype="bfloat16")
 
 
+@witness
+def cudnn_padding_empty_rows_half() -> Case:
+    """The float16 case (kv lengths 5, 2, 3; query lengths 4, 2, 0) whose 12 padded or emptied rows torch's
+    cuDNN path filled with attention over their hidden keys on an H100 (up to 2.02 where the spec says 0):
+    a conformance run's saved failing case, stored as .npz."""
+    return Case.load(STORED / "torch-cudnn-padding-empty-rows-f16.npz")
+
+
+@witness
+def cudnn_empty_row_grads_half() -> Case:
+    """The float16 case (a mask hiding one of two keys, kv length 0) whose dV torch's cuDNN path got wrong
+    by 2.2 on an H100 (the spec's dV is 0): a conformance run's saved failing case, stored as .npz."""
+    return Case.load(STORED / "torch-cudnn-empty-row-grads-f16.npz")
+
+
+@witness
+def zero_scale_half() -> Case:
+    """scale = 0 in float16: every logit is 0, the weights are uniform and each row is the mean of V.
+    Head dim 64 so that every CUDA kernel accepts it."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, n, 64)) for n in (3, 6, 6))
+    return Case.build(q, k, v, scale=0.0, dtype="float16")
+
+
+@witness
+def efficient_grad_large_logits() -> Case:
+    """float32, large logits, kv lengths 1 and 2: torch's CUDA memory-efficient dV was 1.46e3x the baseline
+    error on an H100 (3.5e-4 at |dV| 2.18), a conformance run's saved failing case stored as .npz."""
+    return Case.load(STORED / "torch-cuda-efficient-grad-large-logits-f32.npz")
+
+
 def load_all() -> None:
     """Import every `witnesses_<backend>.py` beside this module (their @witness functions register)."""
     import attnconf.conformance as pkg

@@ -30,6 +30,10 @@ class RunFileError(ValueError):
     """A run file that is unreadable, of an unknown schema version, or invalid (one line)."""
 
 
+class SchemaUnavailable(RunFileError):
+    """The schema cannot be checked here (jsonschema is missing): the file itself may be fine."""
+
+
 @lru_cache(maxsize=1)
 def schema() -> dict[str, Any]:
     return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
@@ -124,7 +128,11 @@ def validate(obj: Any, source: str = "run file") -> None:
         raise RunFileError(
             f"{source}: unsupported schema_version {version!r} (this reader knows {SCHEMA_VERSION})"
         )
-    import jsonschema
+    try:
+        import jsonschema
+    except ImportError:
+        raise SchemaUnavailable(f"{source}: cannot be validated: jsonschema is not installed "
+                                "(pip install jsonschema)") from None
 
     data = encode(obj)
     error = jsonschema.exceptions.best_match(_validator().iter_errors(data))
@@ -167,10 +175,12 @@ def _umask() -> int:
     return mask
 
 
-def write(path: str | os.PathLike[str], obj: dict[str, Any]) -> Path:
-    """Validate obj and write it atomically (temporary file in the same folder, then rename)."""
+def write(path: str | os.PathLike[str], obj: dict[str, Any], *, check: bool = True) -> Path:
+    """Validate obj (unless check is False) and write it atomically (temporary file in the same folder,
+    then rename)."""
     target = Path(path)
-    validate(obj, os.fspath(target))
+    if check:
+        validate(obj, os.fspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(encode(obj), indent=1, allow_nan=False, ensure_ascii=False) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)

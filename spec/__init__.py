@@ -16,7 +16,7 @@ DIVERGENCE_FIELDS = {"id": str, "clause": str, "kind": str, "implementations": l
                      "reason": str, "witness": str}
 DIVERGENCE_OPTIONAL = {"dtypes": list, "devices": list, "versions": str, "link": str, "scope": str,
                        "instead": str, "quantities": list, "bound": float, "value": float, "when": dict,
-                       "measured": str}
+                       "measured": str, "finite_for": list}
 DIVERGENCE_SCOPES = ("all", "forward", "gradients")
 DIVERGENCE_KINDS = ("unsupported", "divergent", "bug")
 

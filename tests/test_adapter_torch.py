@@ -124,3 +124,21 @@ def test_mha_layer_matches_reference():
         lc = layer.random_layer_case(rng, 2, 5, 5, 16, 4, dtype="float64", **kw)
         assert a.supports_layer(lc) is True
         assert np.abs(a.run_layer(lc) - layer.mha(lc)).max() < 1e-12
+
+
+def test_cuda_paths_declare_only_what_their_kernels_take():
+    """Measured on an H100 (torch 2.11): CUDA flash refuses every attn_mask and bottom-right causal,
+    CUDA memory-efficient refuses enable_gqa, compiled flex on CUDA needs head dims >= 16. Declaring
+    them made ATTN-SCOPE-1 fail on correct kernels (reports/gpu/h100-2026-11-24/NOTES.md)."""
+    from attnconf.adapters.torch_flex import FlexAdapter
+    from attnconf.adapters.torch_sdpa import SdpaEfficient, SdpaFlash
+
+    cuda_flash, cpu_flash = SdpaFlash("cuda"), SdpaFlash("cpu")
+    assert not {"mask", "bias", "q_lengths", "kv_lengths", "causal_bottom_right"} & cuda_flash.capabilities
+    assert {"mask", "bias", "causal_bottom_right"} <= cpu_flash.capabilities and "dropout" not in cpu_flash.capabilities
+    assert "dropout" in cuda_flash.capabilities and "gqa" in cuda_flash.capabilities
+    assert "gqa" not in SdpaEfficient("cuda").capabilities
+    rng = np.random.default_rng(0)
+    small = Case.build(*(rng.standard_normal((1, 1, 4, 8)) for _ in range(3)), dtype="float16")
+    assert "at least 16" in FlexAdapter("cuda").extra_support(small)
+    assert FlexAdapter("cpu").extra_support(small) is True

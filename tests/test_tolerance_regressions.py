@@ -49,10 +49,17 @@ def test_correct_kernel_passes_on_its_large_logit_case(fixture):
     seen = np.broadcast_to(oracle(case).visible.any(axis=-1)[..., None], ref.shape)   # empty rows: other entries
     j = judge_output(adapter.run(case).out, case, mask=seen)
     assert j.ok, j.explain()
-    # the term did the work: 2 x the variants' envelope + floor alone would not have allowed this error
+    # the term did the work: 2 x the variants' envelope + floor alone would not have allowed this error.
+    # The kernels' summation order depends on the CPU's vector paths: the fixtures were stored on an AMD
+    # EPYC (AVX-512F); on an Intel Xeon of this workplace (2026-11-24) torch flex and onnxruntime landed
+    # exactly on a naive variant's error. There the pass above is all the case shows, and it says so.
     envelope = max(float(np.abs(np.where(seen, naive_forward(case, v)[0] - ref, 0.0)).max()) for v in VARIANTS)
     floor = 2 * float(rounding_noise(np.where(seen, ref, 0.0), case.dtype).max())
-    assert j.e_max > 2 * envelope + floor, (j.e_max, envelope, floor)
+    if which.startswith("tests.") or j.e_max > 2 * envelope + floor:
+        assert j.e_max > 2 * envelope + floor, (j.e_max, envelope, floor)   # our own kernel: same order everywhere
+    else:
+        pytest.skip(f"passes; on this CPU the kernel's error {j.e_max:.3g} is within the naive variants' envelope "
+                    f"{envelope:.3g}, so the case does not exercise the logit-order term here")
 
 
 def test_logit_order_term_is_zero_where_nothing_is_summed():

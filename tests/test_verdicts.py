@@ -9,6 +9,7 @@ The kernels are in tests/kernels/verdicts.py and hostile.py; each run is a real
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -132,6 +133,24 @@ def test_an_empty_selection_is_incomplete(tmp_path):
     proc, run = suite(tmp_path, "-k", "nothing_matches_this", entries="")
     assert run["verdict"]["verdict"] == "INCOMPLETE" and proc.returncode != 0
     assert run["records"] == []
+
+
+def test_a_machine_without_jsonschema_still_gets_its_run_file(tmp_path):
+    """jsonschema only checks the run file; where it is missing (the lent GPU image lacked it) the run
+    file is written unvalidated, with one line saying so. The run used to end in a traceback, no file."""
+    hide = tmp_path / "hide" / "jsonschema"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    report = tmp_path / "run.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide.parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "conformance", "--backend=numpy", "--hypothesis-profile=ci",
+                           "-q", "-p", "no:cacheprovider", "-k", "test_output_shape_and_dtype", f"--report={report}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert report.exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    run = json.loads(report.read_text())
+    assert run["records"] and run["verdict"]["verdict"] == "INCOMPLETE"
+    assert proc.stderr.count("jsonschema is not installed") == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
 
 
 def test_a_partial_selection_is_incomplete_and_names_the_missing_cells(tmp_path):
