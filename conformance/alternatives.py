@@ -470,8 +470,8 @@ FINITE_SOURCES = ("mask", "causal", "window", "q_lengths", "kv_lengths")
 
 def finite_mask_bias_case(case: Case, value: float, finite_for: list[str] | None = None) -> Case:
     """The case as a kernel computes it that turns what hides keys into one boolean mask and adds that
-    mask as the finite bias `value`: a hidden key's logit becomes float32(logit + value), stored as a bias
-    in the case's dtype. With -32768 the logits' differences survive (a row that sees no key attends over
+    mask as the finite bias `value`: a hidden key's logit becomes float32(logit + value), carried as an
+    unrounded float64 bias. With -32768 the logits' differences survive (a row that sees no key attends over
     its hidden keys); with -2**41 in bfloat16 they do not (uniform weights: the mean of V over those
     keys). `finite_for` names which of FINITE_SOURCES the kernel receives in that mask (default all: an
     SDPA-convention call folds mask, causal alignment, window and padding together); the others, and a
