@@ -242,17 +242,16 @@ def bool_masked_logit_beats_finite_mask_bias(case) -> np.ndarray:
 @region
 def zero_scale_rows(case) -> bool | np.ndarray:
     """Every row of a case with a custom scale of exactly 0 (every logit 0: uniform weights)."""
-    if case.scale is None or case.scale != 0:
-        return False
-    s = case.shape
-    return np.ones((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    return _every_row(case) if case.scale is not None and case.scale == 0 else False
 
 
 @region
 def nonpositive_scale_rows(case) -> bool | np.ndarray:
     """Every row of a case with a custom scale <= 0."""
-    if case.scale is None or case.scale > 0:
-        return False
+    return _every_row(case) if case.scale is not None and case.scale <= 0 else False
+
+
+def _every_row(case) -> np.ndarray:
     s = case.shape
     return np.ones((s["B"], s["Hq"], s["Lq"]), dtype=bool)
 
