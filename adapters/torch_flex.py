@@ -119,8 +119,8 @@ class FlexAdapter(TorchAdapter):
             try:
                 score_mod, block_mask, bias_t = self.mods(case, grads)
                 lse_arg = {"return_aux": AuxRequest(lse=True)} if AuxRequest is not None else {"return_lse": True}
-                # a Python float, as callers pass it: torch 2.11's compiled flex fails to compile with a
-                # numpy float64 scale (reports/findings/TORCH-FLEX-CUDA-SCALE.py)
+                # a Python float, as callers pass it: compiled flex fails to compile with a NumPy float64
+                # scale (torch 2.11 CUDA, 2.13 CPU; reports/findings/TORCH-FLEX-COMPILE-NUMPY-SCALE.py)
                 scale = None if case.scale is None else float(case.scale)
                 out, aux = fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                               enable_gqa=s["Hkv"] != s["Hq"], **lse_arg)

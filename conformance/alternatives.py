@@ -492,21 +492,20 @@ def finite_mask_bias_case(case: Case, value: float, finite_for: list[str] | None
         # causal alignment and windows sit where the lengths put them (bottom-right: at each sequence's end)
         extra = {"causal": case.causal} if name == "causal" else {"window": case.window, "window_align": case.window_align}
         return ~visibility(full, **extra, **lengths) & ~padded
+    present = [n for n in FINITE_SOURCES if n in srcs and getattr(case, n) is not None]
     hidden = np.zeros(full, dtype=bool)
-    for name in srcs & set(FINITE_SOURCES):
-        if getattr(case, name) is not None:
-            hidden |= hidden_by(name)
+    for name in present:
+        hidden |= hidden_by(name)
     if not hidden.any():
         return case
     logits = oracle(case).logits
     ok = hidden & np.isfinite(logits)
-    shifted = np.asarray(np.float32(np.where(ok, logits, 0.0) + value), dtype=np.float64)
-    base = np.zeros(full) if case.bias is None else np.broadcast_to(case.bias, full)
-    bias = base + np.where(ok, shifted - np.where(ok, logits, 0.0), 0.0)
+    s_ok = np.where(ok, logits, 0.0)
+    shift = np.where(ok, np.asarray(np.float32(s_ok + value), dtype=np.float64) - s_ok, 0.0)
+    bias = shift if case.bias is None else np.broadcast_to(case.bias, full) + shift
     # not Case.replace: it would round the bias to the case's dtype, and a bias of -2**41 - logit rounded
     # to bfloat16 is -2**41 again, which gives the logits' differences back in the float64 reference
-    alt = dataclasses.replace(case, bias=bias, _cache={},
-                              **{n: None for n in srcs if n in FINITE_SOURCES and getattr(case, n) is not None})
+    alt = dataclasses.replace(case, bias=bias, _cache={}, **dict.fromkeys(present))
     alt.validate()
     return alt
 
