@@ -236,17 +236,14 @@ class SdpaAdapter(Adapter):
     capabilities = CAPS
     max_head_dim = None
     renderer = "CLANG"
-    # example_budget = 0.3 (8 of the ci profile's 25 examples per unit of test weight), measured:
-    # tinygrad compiles every new shape, and its Python code generation (full_rewrite_to_sink) is
-    # most of the cost, clang the rest (~0.05 s per kernel; tinygrad's disk cache removes that on
-    # a second run). The full ci run compiled 741 programs at budget 1.0. CPU seconds (user + sys,
-    # children included) of `pytest conformance --backend=tinygrad --hypothesis-profile=ci` with
-    # every covered case still run through the kernel (as the per-element divergence checks will),
-    # cold disk cache, on this 2-core machine shared with other jobs (load average 4 to 9: noisy):
-    #   budget 1.0: 138 s (warm cache: 102 s); 0.5: 99.5 s; 0.4: 92.9 s and 87.5 s; 0.3: 69.8 s;
-    #   0.04 (about one example a test): 45.9 s.
-    # About 45 s are fixed (imports, device probes, panel, dropout statistics, witnesses) and about
-    # 95 s scale with the budget; 0.4 measured at the 90 s limit, so 0.3 leaves room for noise.
+    # example_budget = 0.3 (8 of the ci profile's 25 examples per unit of test weight). tinygrad compiles
+    # every new shape, and its Python code generation (to_program: graph rewriting, then clang) is most of
+    # a run. The run is at the coverage floor (spec/coverage.toml): measured 2026-11-25 on a 2-core Intel
+    # Xeon, ci profile, warm clang disk cache, budget 0.3 drew 516 examples (1294 kernels compiled, 103 s
+    # of the 151 s in pytest inside to_program) and budget 0.01 drew 501 in the same time (157 s in one
+    # process; 110 s with -n 2 against 115 s), so a smaller budget buys nothing. Per dtype in one process:
+    # float64 46 s, float32 49 s, float16 44 s, tests without a dtype 10 s; -n 2 schedules whole dtypes
+    # (conformance/plugin.py), so its best split is about 90 s of test time plus start-up.
     # Cut before reducing examples: kernels compile in-process (PARALLEL=0, see _compile_options:
     # 15 % less CPU), BEAM search stays off, tinygrad's disk cache (CACHELEVEL 2) is kept.
     example_budget = 0.3

@@ -297,6 +297,7 @@ AGREEMENT_PINS: tuple[dict[str, Any], ...] = (
     dict(seed=14, Hq=16, Hkv=8, Lq=3, Lk=9, Dk=8),             # more than four KV heads, in pairs
     dict(seed=15, Hq=2, Lq=4, Lk=1024, Dk=32),                 # a short query block over a long history
     dict(seed=16, Hq=2, Lq=3, Lk=6, Dk=8, scale=0.0),          # scale 0 is given, not the default
+    dict(seed=17, Hq=2, Lq=16, Lk=200, Dk=256, regime="overflow"),  # a wide V head, row max rising in later blocks
 )
 # for the calling conventions of modern kernels; `scope_fit.fit` adapts each to the kernel's scope
 # (a decode kernel gets its last query row, a flash-attention kernel loses the mask, ...)
@@ -315,6 +316,9 @@ CONVENTION_PINS: tuple[dict[str, Any], ...] = (
     dict(seed=69, B=2, Hq=2, Lq=6, Lk=10, Dk=8, mask=np.random.default_rng(60).random((2, 1, 6, 10)) < 0.5),
     dict(seed=70, B=1, Hq=2, Lq=1, Lk=33, Dk=64, window=(7, -1), dtype="bfloat16"),   # decode
     dict(seed=71, B=1, Hq=2, Lq=200, Lk=300, Dk=16, window=(16, -1)),   # a window across 128-key blocks
+    # a pack whose longest sequence fills whole 64/128/256-key blocks while a shorter one before it does not
+    dict(seed=72, B=3, Hq=2, Lq=8, Lk=256, Dk=64, q_lengths=[8, 5, 8], kv_lengths=[10, 256, 37],
+         packing={"seq_order": [0, 1, 2]}),
 )
 
 

@@ -160,6 +160,8 @@ WITNESSES = {
     "window_block_skip": (lambda: case(B=1, Lq=200, Lk=300, window=(16, -1)), "out"),
     "probs_path_unnormalised": (lambda: case(), "out_with_lse"),
     "lse_in_input_dtype": (lambda: case(dtype="bfloat16"), "violation:ATTN-LSE-1"),
+    "varlen_even_k_global": (lambda: _varlen(Lk=64, kv_lengths=[10, 64]), "out"),
+    "wide_v_stale_rescale": (lambda: case(B=1, Hq=2, Hkv=2, Lq=16, Lk=200, D=256, scale=1.0), "out"),
 }
 
 

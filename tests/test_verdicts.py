@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -257,3 +258,32 @@ def test_each_cell_has_its_own_hypothesis_database_key():
               for fn in (test_output_matches_reference, test_lse_matches_reference)
               for impl in ("a:x", "a:y") for dtype in ("float32", "float16")]
     assert len({function_digest(b) for b in bodies}) == len(bodies) == 8
+
+
+def test_a_failure_names_one_clause_in_its_record_and_its_message():
+    """judge(..., clause) names the test's clause, in the exception and in the message alike, except for the
+    tags more specific than any test's clause (a non-finite value, the lse of a row that sees no key): a
+    flash-convention kernel whose empty-row lse was finite was reported as ATTN-LSE-1 in the run file and
+    [ATTN-EMPTY-2] in the message (red team, 2026-11-25)."""
+    from attnconf.conformance.harness import ConformanceFailure, judge
+    from attnconf.conformance.tolerance import Judgement
+    from attnconf.reference import Case
+
+    case = Case.build(*(np.ones((1, 1, 2, 4)) for _ in range(3)), dtype="float32")
+
+    def failure(reason: str, clause: str | None) -> ConformanceFailure:
+        j = Judgement(False, "lse", "float32", 1.0, 1.0, 0, 0, 0, 0, 0, 1.0, 1.0, reason)
+        with pytest.raises(ConformanceFailure) as info:
+            judge(j, case, "k", clause)
+        return info.value
+
+    for reason, clause, named in [("[ATTN-EMPTY-2] lse of fully-masked row (0, 0, 1) is -3.0, not -inf", "ATTN-LSE-1",
+                                   "ATTN-EMPTY-2"),
+                                  ("[ATTN-TOL-3] lse: 1 non-finite value(s)", "ATTN-SINK-2", "ATTN-TOL-3"),
+                                  ("[ATTN-TOL-1] lse: max error 1 vs allowed 0", "ATTN-ALIBI-2", "ATTN-ALIBI-2"),
+                                  ("[ATTN-TOL-1] lse: max error 1 vs allowed 0", None, "ATTN-TOL-1"),
+                                  ("lse: max error 1 vs allowed 0", "ATTN-DECODE-1", "ATTN-DECODE-1")]:
+        exc = failure(reason, clause)
+        assert exc.clause == named, (reason, clause, exc.clause)
+        assert str(exc).startswith(f"k: [{named}] "), str(exc)
+        assert str(exc).count("[ATTN-") == 1, str(exc)

@@ -123,6 +123,7 @@ class Stages:
     scores: Callable = scores
     softmax: Callable = masked_softmax
     dropout: Callable = dropout
+    pv: Callable = lambda w, v, s: w @ v                            # noqa: E731 (weights times values; s: the scores)
     flash_lse: Callable = flash_empty_lse
     flashinfer_lse: Callable = natural_to_base2
     offset: Callable = lambda lq, lk, max_lq, max_lk: lk - lq      # noqa: E731 (bottom-right, per sequence)
@@ -146,7 +147,7 @@ def attend(q, k, v, *, scale, causal=False, window=(-1, -1), cap=0.0, slopes=Non
     s = st.scores(q, k, scale, cap, slopes, vis, off, st)
     w, lse = st.softmax(s, vis)
     w = st.dropout(w, dropout_p)
-    out = w @ v if lk else torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+    out = st.pv(w, v, s) if lk else torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
     return out, lse, w
 
 

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from . import flash
-from .flash import (make_flash_attn_func, make_flash_attn_varlen_func, make_flash_attn_with_kvcache,
+from .flash import (LOG2E, make_flash_attn_func, make_flash_attn_varlen_func, make_flash_attn_with_kvcache,
                     make_single_decode_with_kv_cache, make_single_prefill_with_kv_cache, replace)
 
 BUGS: dict[str, Callable] = {}
@@ -229,6 +229,53 @@ def lse_in_input_dtype(q, k, v, scale_q=None, scale_k=None, scale_v=None, o_dtyp
 bug(lse_in_input_dtype, clause="ATTN-LSE-1", convention="flashinfer_prefill",
     doc="the lse comes back in the inputs' dtype (float16/bfloat16) instead of float32, which split-KV and "
         "context-parallel merges read.")
+
+
+# ---- found by the second red-team round (2026-11-25) ------------------------------------------------
+def _even_k_span(cu, i, max_k):
+    """flash-attention's even-K fast path chosen from the pack's max_seqlen_k: when it is a multiple of the
+    64-key block, every sequence is read in whole blocks from its start, past its own keys."""
+    if max_k % 64:
+        return cu[i], cu[i + 1]
+    return cu[i], cu[i] + -(-(cu[i + 1] - cu[i]) // 64) * 64
+
+
+bug(make_flash_attn_varlen_func(replace(key_span=_even_k_span), "varlen_even_k_global"),
+    clause="ATTN-VARLEN-1", convention="flash_attn_varlen",
+    doc="the 'every key block is full' path is chosen from max_seqlen_k % 64 == 0 for the whole pack, so a "
+        "shorter sequence that is not last reads the next sequence's keys (seen only without causal masking "
+        "or a right window bound, which hide the extra keys).")
+
+
+def _pv_wide_v_stale(w, v, s):
+    """P V of a kernel that tiles keys by 64, keeps a reference max that moves only when a block's max exceeds
+    it by more than 8 in log2 units (conditional rescaling), and rescales only the first 128 columns of the
+    output accumulator when it moves: columns 128 and up keep each earlier block's contribution at its old
+    scale, exp(m_final - m_block) too large."""
+    out = w @ v
+    lk, dv = s.shape[-1], v.shape[-1]
+    if dv <= 128 or lk <= 64:
+        return out
+    nb = -(-lk // 64)
+    pad = torch.full((*s.shape[:-1], nb * 64 - lk), -math.inf, dtype=s.dtype, device=s.device)
+    block_max = torch.cat([s.detach(), pad], dim=-1).unflatten(-1, (nb, 64)).amax(dim=-1)
+    ref = torch.full(s.shape[:-1], -math.inf, dtype=s.dtype, device=s.device)
+    refs = []
+    for b in range(nb):
+        moves = torch.isneginf(ref) | (block_max[..., b] - ref > 8.0 / LOG2E)
+        ref = torch.where(moves, torch.maximum(ref, block_max[..., b]), ref)
+        refs.append(ref)
+    refs = torch.stack(refs, dim=-1)
+    stale = torch.where(torch.isneginf(refs), 0.0, refs[..., -1:] - refs)
+    factor = torch.exp(stale).repeat_interleave(64, dim=-1)[..., :lk]
+    return torch.cat([out[..., :128], (w * factor) @ v[..., 128:]], dim=-1)
+
+
+bug(make_flash_attn_func(replace(pv=_pv_wide_v_stale), "wide_v_stale_rescale"),
+    clause="ATTN-OP-1", convention="flash_attn",
+    doc="with conditional rescaling over 64-key blocks, only the first 128 output columns are rescaled when the "
+        "row's reference max moves (seen only with Dv > 128, Lk > 64 and a max that rises sharply in a later "
+        "key block).")
 
 
 # ---- a dishonest declaration ---------------------------------------------------------------------
