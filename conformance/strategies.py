@@ -298,6 +298,10 @@ AGREEMENT_PINS: tuple[dict[str, Any], ...] = (
     dict(seed=15, Hq=2, Lq=4, Lk=1024, Dk=32),                 # a short query block over a long history
     dict(seed=16, Hq=2, Lq=3, Lk=6, Dk=8, scale=0.0),          # scale 0 is given, not the default
     dict(seed=17, Hq=2, Lq=16, Lk=200, Dk=256, regime="overflow"),  # a wide V head, row max rising in later blocks
+    dict(seed=18, Hq=2, Lq=6, Lk=7, Dk=16, scale=-0.5),        # a negative scale over several keys
+    dict(seed=19, Hq=1, Lq=530, Lk=530, Dk=8, causal="top_left"),   # causal past 512 query rows
+    dict(seed=20, B=5, Hq=1, Lq=4, Lk=6, Dk=8, mask=np.random.default_rng(20).random((5, 1, 4, 6)) < 0.5),  # B > 4
+    dict(seed=21, B=2, Hq=2, Lq=5, Lk=6, Dk=8, mask=np.random.default_rng(21).random((2, 5, 6)) < 0.5),  # 3-D: (Hq, ., .)
 )
 # for the calling conventions of modern kernels; `scope_fit.fit` adapts each to the kernel's scope
 # (a decode kernel gets its last query row, a flash-attention kernel loses the mask, ...)

@@ -127,6 +127,11 @@ WITNESSES = {
     "wide_head_no_rescale": lambda: _wide(_rising_max()),
     "scale_zero_means_default": lambda: random_case(scale=0.0),
     "bf16_output_through_fp16": lambda: random_case(dtype="bfloat16").replace(v=random_case().v * 1e5),
+    "mask3d_as_batch": lambda: random_case(B=2, Hq=2, mask=np.random.default_rng(5).random((2, 13, 37)) < 0.5),
+    "scale_split_sqrt_abs": lambda: random_case(scale=-0.5),
+    "causal_query_block_512": lambda: random_case(B=1, Hq=1, Hkv=1, Lq=530, Lk=530, causal="top_left"),
+    "mask_batch_chunks_of_4": lambda: random_case(B=5, Hq=1, Hkv=1,
+                                                  mask=np.random.default_rng(6).random((5, 1, 13, 37)) < 0.5),
 }
 # bugs whose forward output is right: each shows elsewhere
 MUTATION_WITNESSES = {"mask_scaled_in_place": lambda: random_case(kind="bias")}

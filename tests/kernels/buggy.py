@@ -535,3 +535,58 @@ def dropout_backward_fresh_mask(query, key, value, attn_mask=None, dropout_p=0.0
     q, k, v = inputs(query, key, value, enable_gqa)
     s, vis = apply_masks(logits(q, k, scale), attn_mask, is_causal)
     return weighted_values(dropout(softmax(s, vis), dropout_p), v).to(query.dtype)
+
+
+# ---- found by the second red-team round (2026-11-25; each was missed before its pin) ----------------------
+@bug("ATTN-MASK-1")
+def mask3d_as_batch(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """Defect: a 3-D attn_mask whose leading size equals B is read per batch element, (B, 1, Lq, Lk), where torch
+    broadcasts it right-aligned as (1, X, Lq, Lk) over heads. Trips ATTN-MASK-1 (broadcast mask shapes)."""
+    q, k, v = inputs(query, key, value, enable_gqa)
+    if attn_mask is not None and attn_mask.dim() == 3 and attn_mask.shape[0] == query.shape[0]:
+        attn_mask = attn_mask.unsqueeze(1)
+    s, vis = apply_masks(logits(q, k, scale), attn_mask, is_causal)
+    return weighted_values(dropout(softmax(s, vis), dropout_p), v).to(query.dtype)
+
+
+@bug("ATTN-OP-4")
+def scale_split_sqrt_abs(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False):
+    """Defect: the scale is split as sqrt(|scale|) onto Q and K, so a negative scale loses its sign (right for
+    every scale >= 0). Trips ATTN-OP-4 (a negative scale is allowed)."""
+    q, k, v = inputs(query, key, value, enable_gqa)
+    r = math.sqrt(abs(softmax_scale(q, scale)))
+    s, vis = apply_masks((r * q) @ (r * k).transpose(-2, -1), attn_mask, is_causal)
+    return weighted_values(dropout(softmax(s, vis), dropout_p), v).to(query.dtype)
+
+
+@bug("ATTN-CAUSAL-1")
+def causal_query_block_512(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                           enable_gqa=False):
+    """Defect: queries are processed in blocks of 512 rows and the causal diagonal uses the row index within
+    the block, so rows 512 and up see only the first (i - 512) keys. Trips ATTN-CAUSAL-1 (only for Lq > 512)."""
+    q, k, v = inputs(query, key, value, enable_gqa)
+    s = logits(q, k, scale)
+    lq, lk = s.shape[-2:]
+    causal = None
+    if is_causal:
+        i = torch.arange(lq)[:, None] % 512
+        causal = torch.arange(lk)[None, :] <= i
+    s, vis = apply_masks(s, attn_mask, False, causal)
+    return weighted_values(dropout(softmax(s, vis), dropout_p), v).to(query.dtype)
+
+
+@bug("ATTN-MASK-5")
+def mask_batch_chunks_of_4(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                           enable_gqa=False):
+    """Defect: the batch runs in chunks of 4 with the mask left unsliced, so batch element b uses mask[b % 4]
+    (right for B <= 4). Trips ATTN-MASK-5 (per-batch masks)."""
+    outs = []
+    for b0 in range(0, query.shape[0], 4):
+        m = attn_mask
+        if m is not None and m.dim() == 4 and m.shape[0] > 1:
+            m = m[:min(4, query.shape[0] - b0)]
+        q, k, v = inputs(query[b0:b0 + 4], key[b0:b0 + 4], value[b0:b0 + 4], enable_gqa)
+        s, vis = apply_masks(logits(q, k, scale), m, is_causal)
+        outs.append(weighted_values(dropout(softmax(s, vis), dropout_p), v))
+    return torch.cat(outs).to(query.dtype)
