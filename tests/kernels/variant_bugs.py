@@ -164,6 +164,7 @@ class VariantKernel(ReferenceAdapter):
     def run(self, case: Case, *, grads: bool = False) -> Result:
         f = self.forward(case)
         w, out = f.weights, f.out
+        keep = None
         if case.dropout_p:
             rng = np.random.default_rng(case.seed)
             keep = rng.random(w.shape) >= case.dropout_p
@@ -173,7 +174,7 @@ class VariantKernel(ReferenceAdapter):
         res = Result(out=round_to(out, t), out_dtype=t, lse=round_to(f.lse, "float32" if t != "float64" else t),
                      weights=round_to(w, t), kernel=f"{type(self).__name__} (variant_bugs)")
         if grads:
-            g = self.gradients(case, f)
+            g = self.gradients(case, f, dropout=None if keep is None else (keep, case.dropout_p))
             res.grads = {n: round_to(getattr(g, n), t) for n in ("dq", "dk", "dv")}
             if case.bias is not None:
                 res.grads["dbias"] = round_to(g.dbias, t)
@@ -181,10 +182,11 @@ class VariantKernel(ReferenceAdapter):
                 res.grads["dsinks"] = round_to(g.dsinks, t)
         return res
 
-    def gradients(self, case: Case, f: Forward):
-        """The analytic backward of this kernel's own forward (its P; the cap's derivative if it caps)."""
+    def gradients(self, case: Case, f: Forward, dropout: tuple[np.ndarray, float] | None = None):
+        """The analytic backward of this kernel's own forward (its P; the cap's derivative if it caps; the
+        forward's own keep mask under dropout)."""
         params = case_params(case)
-        return backward_arrays(case.q, case.k, case.v, case.grad_out, fwd=f, **params)
+        return backward_arrays(case.q, case.k, case.v, case.grad_out, fwd=f, dropout=dropout, **params)
 
 
 class correct(VariantKernel):
@@ -219,9 +221,9 @@ _defect("softcap_unscaled", "ATTN-CAP-1", "Defect: the cap is applied to the uns
 class softcap_no_derivative(VariantKernel):
     """Defect: the backward ignores the cap's derivative 1 - tanh^2 (forward correct)."""
 
-    def gradients(self, case, f):
+    def gradients(self, case, f, dropout=None):
         params = dict(case_params(case), softcap=None)
-        return backward_arrays(case.q, case.k, case.v, case.grad_out, fwd=f, **params)
+        return backward_arrays(case.q, case.k, case.v, case.grad_out, fwd=f, dropout=dropout, **params)
 
 
 # ---- ALiBi ------------------------------------------------------------------------------
