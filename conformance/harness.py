@@ -672,10 +672,7 @@ def _clause_of(reason: str) -> str:
 
 def expect_close(actual: np.ndarray, case: Case, impl: Subject, *, clause: str | None = None) -> tolerance.Judgement:
     """The forward output agrees with the reference under the tolerance model (ATTN-TOL-1..4)."""
-    j = tolerance.judge_output(actual, case)
-    if clause and not j.ok and not j.reason.startswith("[ATTN-TOL-3]"):
-        j.reason = f"[{clause}] " + j.reason.split("] ", 1)[-1]
-    return judge(j, case, impl, None)
+    return judge(tolerance.judge_output(actual, case), case, impl, clause)
 
 
 def expect_agree(o1: np.ndarray, j1: tolerance.Judgement, o2: np.ndarray, j2: tolerance.Judgement, *, gap: float,
