@@ -112,6 +112,7 @@ class Implementation:
     # features every case it runs must carry (a function that always reads sinks); only those the
     # strategies report offering can be required (conformance/strategies.py REQUIRABLE)
     requires: frozenset[str] = frozenset()
+    contract = None                     # adapters/contract.py: documented behaviour and limits, if declared
 
     def lse_refusal(self, dtype: str) -> str | None:
         """Why a `dtype` case's lse cannot be judged here (None if it can): one fact, used by `supports` and by
@@ -156,7 +157,7 @@ class Adapter(Implementation, metaclass=ABCMeta):
             return f"{self.name} does not run {case.dtype}"
         if "lse" in need and (refusal := self.lse_refusal(case.dtype)):
             return refusal
-        reason = self.limits_support(case)
+        reason = self.limits_support(case, need)
         reason = reason if reason is not True else self.extra_support(case)
         if reason is True and self.requires - needed:
             # last, so that a case refused for another reason too is shown with that one: fitting adds
@@ -165,8 +166,9 @@ class Adapter(Implementation, metaclass=ABCMeta):
             return f"{self.name} runs only cases with {lacking}; this case has no {lacking}"
         return reason
 
-    def limits_support(self, case: Case) -> Literal[True] | str:
-        """The declared limits: head dims (a maximum or a list) and the longest sequence."""
+    def limits_support(self, case: Case, need: frozenset[str] = frozenset()) -> Literal[True] | str:
+        """The declared limits: head dims (a maximum or a list), the longest sequence, and the contract's
+        length limits and representations (`need` says whether gradients are wanted)."""
         s = case.shape
         if self.max_head_dim is not None and max(s["Dk"], s["Dv"]) > self.max_head_dim:
             return f"{self.name} supports head dim <= {self.max_head_dim}"
@@ -174,7 +176,8 @@ class Adapter(Implementation, metaclass=ABCMeta):
             return f"{self.name} runs head dims {list(self.head_dims)} only"
         if self.max_seqlen is not None and max(s["Lq"], s["Lk"]) > self.max_seqlen:
             return f"{self.name} runs sequences up to {self.max_seqlen} only"
-        return True
+        refused = self.contract.refusal(case, need) if self.contract is not None else None
+        return f"{self.name}: {refused}" if refused else True
 
     def extra_support(self, case: Case) -> Literal[True] | str:
         """Hook for constraints the capability vocabulary cannot say."""

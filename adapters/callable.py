@@ -16,6 +16,7 @@ import numpy as np
 from attnconf.reference import Case
 
 from .base import Adapter, ConventionViolation, KernelError, NotSupported, Result
+from .contract import is_refusal
 from .sdpa_convention import fold_mask
 
 FULL_SDPA = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "q_lengths", "kv_lengths",
@@ -58,9 +59,10 @@ class CallableAdapter(Adapter):
         snapshots = {n: self._to_numpy(a).copy() for n, a in watched.items()}
         try:
             ret = self.fn(*args, **kwargs)
-        except NotImplementedError as exc:  # the kernel says it does not do this case: unsupported, never passed
-            raise NotSupported(f"{self.name} raised NotImplementedError: {str(exc).splitlines()[0] if str(exc) else ''}") from None
         except Exception as exc:  # the kernel's own failure, reported per test
+            if is_refusal(self, exc):  # the kernel says it does not do this case: unsupported, never passed
+                raise NotSupported(f"{self.name} raised {type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
             raise KernelError(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
         for name, before in snapshots.items():
             if not np.array_equal(before, self._to_numpy(watched[name]), equal_nan=True):

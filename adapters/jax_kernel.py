@@ -33,6 +33,7 @@ from attnconf.reference import Case
 
 from .base import KernelError, NotSupported, Result
 from .callable import CallableAdapter
+from .contract import is_refusal
 from .jax_common import enable_x64, jax_device, to_jax, to_numpy
 from .jax_translate import from_btnh, translate, window_is_top_left
 
@@ -115,10 +116,10 @@ class JaxCallableAdapter(CallableAdapter):
             cts = pull(d_out if d_out.dtype == out.dtype else d_out.astype(out.dtype))
         except KernelError:
             raise
-        except NotImplementedError as exc:   # the kernel says it has no backward here: unsupported
-            raise NotSupported(f"{self.name}'s backward raised NotImplementedError: "
-                               f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
         except Exception as exc:
+            if is_refusal(self, exc):   # the kernel says it has no backward here: unsupported
+                raise NotSupported(f"{self.name}'s backward raised {type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
             raise KernelError(f"kernel's backward (jax.vjp) raised {type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
         grads: dict[str, np.ndarray] = {}

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from .base import CAPABILITIES, SCOPE_KEYS, Adapter
+from .contract import CONTRACT_KEYS, Contract, ContractError
+from .contract import parse as parse_contract
 
 ATTRIBUTE = "attnconf_capabilities"
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
@@ -52,6 +54,7 @@ class Scope:
     max_head_dim: int | None = None
     max_seqlen: int | None = None
     source: str = "built-in"
+    contract: Contract | None = None  # documented behaviour and limits (adapters/contract.py)
 
     @classmethod
     def of(cls, adapter: Adapter) -> "Scope":
@@ -92,9 +95,14 @@ def parse(decl: Any, *, source: str, full: Scope, expressible: frozenset[str] | 
     """
     if not isinstance(decl, dict):
         raise ScopeError(f"{source}: must be a dict of {', '.join(SCOPE_KEYS)}; got {type(decl).__name__}")
-    unknown = sorted(set(decl) - set(SCOPE_KEYS))
+    unknown = sorted(set(decl) - set(SCOPE_KEYS) - set(CONTRACT_KEYS))
     if unknown:
-        raise ScopeError(f"{source}: unknown key(s) {', '.join(map(str, unknown))}; known keys: {', '.join(SCOPE_KEYS)}")
+        raise ScopeError(f"{source}: unknown key(s) {', '.join(map(str, unknown))}; known keys: "
+                         f"{', '.join(SCOPE_KEYS + CONTRACT_KEYS)}")
+    try:
+        contract = parse_contract(decl, source=source, convention=convention)
+    except ContractError as exc:
+        raise ScopeError(f"{source}: {exc}") from None
     expressible = full.features if expressible is None else expressible
 
     dtypes = full.dtypes
@@ -146,7 +154,13 @@ def parse(decl: Any, *, source: str, full: Scope, expressible: frozenset[str] | 
         else:
             raise ScopeError(f"{source}: 'head_dims' must be a non-empty list of integers or {{max = N}}; got {hd!r}")
     max_seqlen = _positive(decl["max_seqlen"], "max_seqlen", source) if "max_seqlen" in decl else full.max_seqlen
-    return Scope(dtypes, flags["grads"], flags["dropout"], features, head_dims, max_head_dim, max_seqlen, source)
+    if contract is not None and contract.representations is not None:   # a layout or cache it does not take
+        reps = contract.representations
+        features -= {f for f in ("noncontiguous", "broadcast_kv") if f not in reps}
+        if not reps & {"paged", "page_size_256", "page_size_512"}:
+            features -= {"paged"}
+    return Scope(dtypes, flags["grads"], flags["dropout"], features, head_dims, max_head_dim, max_seqlen, source,
+                 contract)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -182,6 +196,7 @@ def apply(adapter: Adapter, scope: Scope) -> Adapter:
     adapter.capabilities = scope.capabilities()
     adapter.head_dims, adapter.max_head_dim, adapter.max_seqlen = scope.head_dims, scope.max_head_dim, scope.max_seqlen
     adapter.scope_source = scope.source
+    adapter.contract = scope.contract
     return adapter
 
 

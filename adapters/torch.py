@@ -16,6 +16,7 @@ from attnconf.reference import Case
 
 from .base import Adapter, Implementation, KernelError, NotSupported, Result
 from .callable import FULL_SDPA, CallableAdapter
+from .contract import is_refusal
 from .torch_convert import device_info, dtype_name, limit_threads, set_precision, to_numpy, to_tensor
 from .torch_flex import FlexAdapter
 from .torch_layer import MhaAdapter
@@ -63,9 +64,9 @@ class TorchKernelAdapter(CallableAdapter):
             try:
                 gs = torch.autograd.grad(ret, list(args), to_tensor(case.grad_out, case.dtype, self.device),
                                          allow_unused=True)
-            except NotImplementedError as exc:
-                raise NotSupported(f"{self.name} backward raised NotImplementedError: {_clean(str(exc))}") from None
             except Exception as exc:
+                if is_refusal(self, exc):
+                    raise NotSupported(f"{self.name} backward raised {type(exc).__name__}: {_clean(str(exc))}") from None
                 raise KernelError(f"kernel backward raised {type(exc).__name__}: {_clean(str(exc))}") from exc
             if any(g is None for g in gs):
                 raise KernelError("kernel backward returned no gradient for some input")

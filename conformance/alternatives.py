@@ -290,11 +290,17 @@ def _uniform_weight_gradients(entry, case, res, masks) -> Verdict:
 
 # ---- another precision or another bound ------------------------------------------------
 
+# an implementation that computes at a lower precision than its input: the alternative -> that precision
+PRECISIONS = {"float32_precision": "float32", "float16_precision": "float16", "bfloat16_precision": "bfloat16"}
+
+
 @alternative("float32_precision", FORWARD + GRADIENTS + ("layer",), numeric=True)
-def _float32_precision(entry, case, res, masks) -> Verdict:
+def _float32_precision(entry, case, res, masks, dtype: str = "float32") -> Verdict:
     """The float32 tolerance model: c_max x the error a naive float32 implementation makes on the same
     inputs (the float32 yardstick plus the distance between the float32-rounded problem's reference
-    and this one's), plus the float32 floor."""
+    and this one's), plus the float32 floor. `dtype` names another precision (float16_precision, ...)."""
+    if hasattr(case, "num_heads") and dtype != "float32":
+        raise ValueError(f"{dtype}_precision is defined for attention cases, not layers")
     if hasattr(case, "num_heads"):
         from attnconf.reference.layer import layer_baseline_error, mha
 
@@ -303,19 +309,19 @@ def _float32_precision(entry, case, res, masks) -> Verdict:
         return _judged(T.judge_layer(res.out, case, mask=masks.get("out"), base_err=base, as_dtype="float32"))
     from attnconf.reference import baseline_error
 
-    c32 = case.replace(dtype="float32")
+    c32 = case.replace(dtype=dtype)
     ref, ref32 = oracle(case), oracle(c32)
     with np.errstate(invalid="ignore"):
         gap_o = np.nan_to_num(np.abs(ref32.out - ref.out), nan=0.0, posinf=0.0)
         gap_l = np.nan_to_num(np.abs(ref32.lse - ref.lse), nan=0.0, posinf=0.0)
     err_o, err_l = baseline_error(c32)
     if "out" in masks:
-        j = T.judge_arrays(res.out, ref.out, err_o + gap_o, "float32", mask=masks["out"])
+        j = T.judge_arrays(res.out, ref.out, err_o + gap_o, dtype, mask=masks["out"])
         if not j.ok:
             return _judged(j)
     if "lse" in masks and res.lse is not None:
         lse = np.where(np.isneginf(ref.lse), 0.0, np.asarray(res.lse, np.float64))
-        j = T.judge_arrays(lse, np.where(np.isneginf(ref.lse), 0.0, ref.lse), err_l + gap_l, "float32",
+        j = T.judge_arrays(lse, np.where(np.isneginf(ref.lse), 0.0, ref.lse), err_l + gap_l, dtype,
                            quantity="lse", mask=masks["lse"])
         if not j.ok:
             return _judged(j)
@@ -330,11 +336,17 @@ def _float32_precision(entry, case, res, masks) -> Verdict:
             if name in masks and name in res.grads and getattr(gref, name) is not None:
                 exp = getattr(gref, name)
                 base = berr[name] + np.nan_to_num(np.abs(getattr(gref32, name) - exp))
-                j = T.judge_arrays(np.broadcast_to(res.grads[name], exp.shape), exp, base, "float32", quantity=name,
+                j = T.judge_arrays(np.broadcast_to(res.grads[name], exp.shape), exp, base, dtype, quantity=name,
                                    model="gradient", magnitude=mags[name], mask=masks[name])
                 if not j.ok:
                     return _judged(j)
     return Verdict(True)
+
+
+ALTERNATIVES["float16_precision"] = Alternative(
+    "float16_precision", FORWARD + GRADIENTS, lambda e, c, r, m: _float32_precision(e, c, r, m, "float16"), True)
+ALTERNATIVES["bfloat16_precision"] = Alternative(
+    "bfloat16_precision", FORWARD + GRADIENTS, lambda e, c, r, m: _float32_precision(e, c, r, m, "bfloat16"), True)
 
 
 @alternative("bounded", FORWARD + GRADIENTS + ("layer",), numeric=True, takes_bound=True)

@@ -404,6 +404,7 @@ def scope_of(adapter: Adapter) -> dict[str, Any]:
             "dtypes": tuple(getattr(adapter, "dtypes", DTYPES)), "max_head_dim": max_dim,
             "head_dims": tuple(dims) if dims else None,
             "max_seqlen": declared.get("max_seqlen") or getattr(adapter, "max_seqlen", None),
+            "contract": getattr(adapter, "contract", None),    # declared length limits (adapters/contract.py)
             "kv_covers_q": declared.get("kv_covers_q", False)}
 
 
@@ -542,7 +543,8 @@ def precision_of(applied: list, case) -> str | None:
     the other entries' alternatives are then judged at that precision too."""
     if getattr(case, "dtype", None) == "float64" and any(a.instead == "float32_precision" for a in applied):
         return "float32"
-    return None
+    lower = [alternatives.PRECISIONS[a.instead] for a in applied if a.instead in alternatives.PRECISIONS]
+    return lower[0] if lower and lower[0] != getattr(case, "dtype", None) else None   # a declared compute_dtype
 
 
 def by_specificity(applied: list) -> list:

@@ -173,6 +173,9 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = config.getoption("--divergences-dir")
         entries = spec.divergences(backend, Path(folder) if folder else None)
         divs = Divergences(entries, config.getoption("--device"))
+        from .declared import entries as declared_entries
+
+        divs.entries += [e for a in impls for e in declared_entries(a)]     # the kernels' documented behaviour
     except (spec.SpecError, DivergenceError, ValueError) as exc:
         _usage(f"malformed divergence file: {exc}")
     report = config.getoption("--report")
@@ -674,6 +677,7 @@ def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:
     observations = [o for o in observations if o["clause"] not in ("WITNESS",)]
     seen = {d for r in records for d in r["divergences"]}
     entries = {e["id"]: e for e in session.entries}
+    from .declared import examples as declared_examples
     floor = spec.coverage()["min_examples"]
     impls = {a.name: {"kind": _kind(a), "dtypes": list(getattr(a, "dtypes", ()))} for a in session.impls}
     if state.plan is None:
@@ -696,6 +700,8 @@ def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:
                      "measured": e.get("measured", ""), "link": e.get("link") or None,
                      "implementations": e["implementations"], "observed": e["id"] in seen,
                      "witness": e["witness"],
+                     **({"declared": e["declared"], "examples": declared_examples(records, e["id"]),
+                         "contradicted": any(f"] {e['id']}: " in str(r.get("message") or "") for r in records)} if e.get("declared") else {}),
                      "witness_status": (w or {}).get("status", "not run") if isinstance(w, dict) else str(w or "not run"),
                      "witness_detail": (w or {}).get("detail", "") if isinstance(w, dict) else ""})
     stamp = _dt.datetime.now(_dt.timezone.utc)
@@ -813,6 +819,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         if r["status"] in FAILING and r.get("failed_clause") is None:
             tr.write_line(f"  {r['status'].upper()} {r['nodeid']}: {r['message']}")
     for d in run["divergences"]:
+        if d.get("declared"):
+            from .declared import sentence
+
+            tr.write_line(f"  declared {sentence(d)}" + ("; CONTRADICTED (see the failure above)"
+                                                          if d.get("contradicted") else ""))
+            continue
         if not d["holds"]:
             tr.write_line(f"  divergence {d['id']} inactive here ({d['condition']}); witness: {d['witness_status']}")
         elif str(d["witness_status"]).startswith("stale"):

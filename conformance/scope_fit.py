@@ -50,6 +50,57 @@ def _cut_q(case: Case, rows: slice) -> dict:
     return ch
 
 
+def _grow(case: Case, lq: int, lk: int) -> dict:
+    """Changes that lengthen the case to lq queries and lk keys: new rows and keys drawn from the case seed,
+    visible through the mask (True) and the bias (0); the declared lengths (padding) stay as they were."""
+    s = case.shape
+    rng = np.random.default_rng([case.seed, 41])
+    ch: dict = {}
+
+    def more(x: np.ndarray, axis: int, n: int, fill=None) -> np.ndarray:
+        shape = list(x.shape)
+        shape[axis] = n
+        extra = rng.normal(size=shape) if fill is None else np.full(shape, fill, dtype=x.dtype)
+        return np.concatenate([x, extra], axis=axis)
+
+    if lk > s["Lk"]:
+        ch["k"], ch["v"] = more(case.k, 2, lk - s["Lk"]), more(case.v, 2, lk - s["Lk"])
+    if lq > s["Lq"]:
+        ch["q"] = more(case.q, 2, lq - s["Lq"])
+        if case.grad_out is not None:
+            ch["grad_out"] = more(case.grad_out, 2, lq - s["Lq"])
+    for name, fill in (("mask", True), ("bias", 0.0)):
+        x = getattr(case, name)
+        if x is None:
+            continue
+        if lk > s["Lk"] and x.shape[-1] == s["Lk"] and s["Lk"] != 1:
+            x = more(x, x.ndim - 1, lk - s["Lk"], fill)
+        if lq > s["Lq"] and x.ndim >= 2 and x.shape[-2] == s["Lq"] and s["Lq"] != 1:
+            x = more(x, x.ndim - 2, lq - s["Lq"], fill)
+        ch[name] = x
+    return ch
+
+
+def _declared_lengths(case: Case, impl, need: frozenset[str]) -> Case | None:
+    """The case moved into the contract's length limits (adapters/contract.py): lengths cut to equal where
+    causal asks it, then grown to the declared multiples."""
+    contract = getattr(impl, "contract", None)
+    if contract is None or not contract.limits:
+        return None
+    s = case.shape
+    lq, lk = contract.fit_lengths(s["Lq"], s["Lk"], causal=case.causal is not None, grads="grads" in need,
+                                  dtype=case.dtype, cap=getattr(impl, "max_seqlen", None),
+                                  equal=s["Lq"] == s["Lk"] and "cross" not in impl.capabilities)
+    if (lq, lk) == (s["Lq"], s["Lk"]):
+        return None
+    c = case
+    if lk < s["Lk"]:
+        c = _apply(c, _cut_kv(c, lk)) or c
+    if lq < s["Lq"]:
+        c = _apply(c, _cut_q(c, slice(0, lq))) or c
+    return _apply(c, _grow(c, lq, lk)) if (lq, lk) != (c.shape["Lq"], c.shape["Lk"]) else c
+
+
 def _same_lengths(case: Case) -> dict:
     """Lq == Lk by cutting the longer side."""
     lq, lk = case.shape["Lq"], case.shape["Lk"]
@@ -154,7 +205,7 @@ def _apply(case: Case, changes: dict) -> Case | None:
         return None
 
 
-def _limits(case: Case, impl) -> Case | None:
+def _limits(case: Case, impl, need: frozenset[str] = frozenset()) -> Case | None:
     """The dtype and the declared head-dim and length limits."""
     s = case.shape
     changed = case
@@ -177,6 +228,7 @@ def _limits(case: Case, impl) -> Case | None:
     if longest is not None and max(s["Lq"], s["Lk"]) > longest:
         c = _apply(changed, _cut_kv(changed, min(s["Lk"], longest)))
         changed = _apply(c or changed, _cut_q(c or changed, slice(0, min(s["Lq"], longest)))) or changed
+    changed = _declared_lengths(changed, impl, need) or changed
     return None if changed is case else changed
 
 
@@ -207,7 +259,7 @@ def fit(case: Case, impl, *, need: Iterable[str] = (), record: bool = True) -> C
                 if nxt is not None:
                     break
         if nxt is None:
-            nxt = _limits(case, impl)
+            nxt = _limits(case, impl, need)
         if nxt is None:
             reason = impl.supports(case, need=need)
             for change in EXTRA:

@@ -132,6 +132,19 @@ def lengths(draw, max_len: int = 385) -> int:
     return draw(st.sampled_from([n for n in choices if n <= max_len] or [1]))
 
 
+def fit_lengths(draw, lq: int, lk: int) -> tuple[int, int]:
+    """(Lq, Lk) moved into the kernel's declared length limits (adapters/contract.py), rounded up to their
+    multiples, so that a narrow kernel's cells fill with cases it takes. Limits conditioned on causal or
+    gradients, unknown while shapes are drawn, apply as a drawn guess of either (the other half of the
+    draws stays free, so the cases those limits do not bind keep every length)."""
+    contract = _limit("contract")
+    if contract is None or not contract.limits:
+        return lq, lk
+    causal, grads = draw(st.booleans()), draw(st.booleans())
+    return contract.fit_lengths(lq, lk, causal=causal, grads=grads, dtype=_CELL.get()[0], cap=_limit("max_seqlen"),
+                                equal=lq == lk and not allows("cross"))
+
+
 @st.composite
 def shapes(draw, *, gqa: bool = True, cross: bool = True, dv_ne_dk: bool = True, max_len: int = 385,
            same_d: bool = False) -> dict[str, int]:
@@ -146,6 +159,7 @@ def shapes(draw, *, gqa: bool = True, cross: bool = True, dv_ne_dk: bool = True,
             lq, lk = draw(st.sampled_from(SHORT_QUERIES)), draw(st.sampled_from(longer))
     if _limit("kv_covers_q") and lk < lq:      # a kernel whose keys must cover its queries (e.g. a KV-cache op)
         lq, lk = lk, lq
+    lq, lk = fit_lengths(draw, lq, lk)
     dk = draw(st.sampled_from(_head_dims()))
     dv = draw(st.sampled_from(_head_dims())) if dv_ne_dk and not same_d and draw(st.integers(0, 3)) == 0 else dk
     hkv = draw(st.sampled_from((1, 2, 1, 3, 8)))
@@ -394,6 +408,7 @@ def gqa_cases(draw, *, max_len: int = 65, mqa: bool = False, **switches) -> Case
     """Hkv < Hq with distinct KV heads: 2..4 KV heads in groups of 2..4, or Hkv = 1 (MQA) when `mqa`."""
     lq = draw(lengths(max_len))
     lk = draw(lengths(max_len)) if draw(st.booleans()) else lq
+    lq, lk = fit_lengths(draw, lq, lk)
     hkv = 1 if mqa else draw(st.sampled_from((2, 3, 4, 8)))
     group = draw(st.sampled_from((2, 4, 8) if mqa else (2, 3, 4)))
     return draw(cases_with_shape(lq=lq, lk=lk, hkv=hkv, group=group, **switches))
@@ -984,6 +999,7 @@ def convention_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPE
         lk = draw(st.sampled_from(lk_pool))
     else:
         lk = draw(lengths(max_len)) if draw(st.booleans()) else lq
+    lq, lk = fit_lengths(draw, lq, lk)
     hkv = draw(st.sampled_from((1, 2, 3)))
     group = draw(st.sampled_from((1, 2, 3, 4)))
     dk = draw(st.sampled_from(CONV_HEAD_DIMS))

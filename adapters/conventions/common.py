@@ -34,6 +34,7 @@ import torch
 from attnconf.reference import Case
 
 from ..base import Adapter, ConventionViolation, KernelError, NotSupported, Result
+from ..contract import is_refusal
 from ..torch_convert import device_info, dtype_name, limit_threads, to_numpy, to_tensor
 
 ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -107,6 +108,14 @@ class Convention:
     def run(self, adapter: "ConventionAdapter", case: Case, *, grads: bool, want_lse: bool) -> Result:
         raise NotImplementedError
 
+    def plain_packing(self, case: Case, adapter: "ConventionAdapter") -> dict | None:
+        """case.packing pinned to the plainest representation the kernel takes (None: one representation only)."""
+        return None
+
+    def representation_words(self, case: Case, adapter: "ConventionAdapter") -> str:
+        """How the case reaches the kernel, in words, where the convention has several ways ("" otherwise)."""
+        return ""
+
     def run_raw(self, adapter: "ConventionAdapter", q, k, v, dtype: str):
         raise NotImplementedError(f"the {self.name} convention cannot pass raw (B, H, L, D) shapes")
 
@@ -173,7 +182,7 @@ class ConventionAdapter(Adapter):
             return f"{self.name} does not declare {', '.join(missing)}"
         if case.dtype not in self.dtypes:
             return f"{self.name} does not declare {case.dtype}"
-        reason = self.limits_support(case)
+        reason = self.limits_support(case, frozenset(need))
         return reason if reason is not True else self.extra_support(case)
 
     def scope(self) -> dict[str, Any]:
@@ -213,9 +222,9 @@ class ConventionAdapter(Adapter):
             torch.manual_seed(seed)
         try:
             ret = self.fn(**kwargs)
-        except NotImplementedError as exc:
-            raise NotSupported(f"{self.name} raised NotImplementedError: {first_line(exc)}") from None
-        except Exception as exc:  # the kernel's own failure, reported per test
+        except Exception as exc:  # the kernel's own failure, reported per test, unless it means "not supported"
+            if is_refusal(self, exc):
+                raise NotSupported(f"{self.name} raised {type(exc).__name__}: {first_line(exc)}") from None
             raise KernelError(f"kernel raised {type(exc).__name__}: {first_line(exc)}") from exc
         for n, t in before.items():
             if not torch.equal(torch.nan_to_num(t), torch.nan_to_num(watch[n].detach())):
@@ -260,9 +269,9 @@ class ConventionAdapter(Adapter):
             raise KernelError("kernel output has no autograd graph (a forward-only kernel: declare \"grads\": false)")
         try:
             gs = torch.autograd.grad(out, list(leaves.values()), grad_out, allow_unused=True)
-        except NotImplementedError as exc:
-            raise NotSupported(f"{self.name} backward raised NotImplementedError: {first_line(exc)}") from None
         except Exception as exc:
+            if is_refusal(self, exc):
+                raise NotSupported(f"{self.name} backward raised {type(exc).__name__}: {first_line(exc)}") from None
             raise KernelError(f"kernel backward raised {type(exc).__name__}: {first_line(exc)}") from exc
         missing = [n for n, g in zip(leaves, gs) if g is None]
         if missing:

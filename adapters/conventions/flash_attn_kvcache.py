@@ -72,21 +72,27 @@ class Representation:
     batch_idx: bool
 
 
-def representation(case: Case, caps: frozenset[str]) -> Representation:
-    """The cache layout for this case: case.packing where it says, else drawn from the case seed within `caps`."""
+def representation(case: Case, caps: frozenset[str], contract=None) -> Representation:
+    """The cache layout for this case: case.packing where it says, else drawn from the case seed within `caps`
+    and the representations the kernel declares it takes (adapters/contract.py)."""
     p = case.packing
     rng = np.random.default_rng([case.seed, 23])
     _, kl = lengths(case)
     most = (int(kl.min()) if kl.size else 0)
     page = p.get("page_size")
+    sizes = contract.page_sizes(PAGE_SIZES) if contract is not None else PAGE_SIZES
     if page is None:
-        page = int(rng.choice(PAGE_SIZES)) if "paged" in caps and rng.random() < 0.6 else 0
+        paged = "paged" in caps and bool(sizes) and rng.random() < 0.6
+        if contract is not None and not contract.takes("contiguous") and "paged" in caps and sizes:
+            paged = True
+        page = int(rng.choice(sizes)) if paged else 0
     new = p.get("new_keys")
     if new is None:
         new = int(rng.integers(0, most + 1)) if "kvcache_append" in caps and most else 0
     rep = Representation(int(page), int(new), int(p.get("block_seed", rng.integers(2**31))),
                          int(p.get("spare_blocks", rng.integers(0, 3))), int(p.get("spare_slots", rng.integers(0, 4))),
-                         bool(p.get("cache_batch_idx", rng.random() < 0.5)) and not page)
+                         bool(p.get("cache_batch_idx", rng.random() < 0.5)) and not page
+                         and (contract is None or contract.takes("cache_batch_idx") or "cache_batch_idx" in p))
     if rep.page_size < 0 or rep.new_keys < 0:
         raise ValueError(f"packing page_size and new_keys must be >= 0; got {rep.page_size}, {rep.new_keys}")
     return rep
@@ -176,6 +182,20 @@ class FlashAttnKVCache(Convention):
             return f"page_size {page}: the convention's paged cache takes page sizes that are multiples of 256"
         return super().expressible(case)
 
+    def plain_packing(self, case: Case, ad: ConventionAdapter) -> dict:
+        """The plainest representation the kernel takes: a contiguous cache without cache_batch_idx (else its
+        smallest page), so that ATTN-SCOPE-1 blames a refused representation, not the feature under probe."""
+        contract = ad.contract
+        if contract is None or contract.takes("contiguous"):
+            return {**case.packing, "page_size": 0, "cache_batch_idx": False}
+        return {**case.packing, "page_size": min(contract.page_sizes(PAGE_SIZES) or PAGE_SIZES)}
+
+    def representation_words(self, case: Case, ad: ConventionAdapter) -> str:
+        rep = representation(case, ad.capabilities, ad.contract)
+        if rep.page_size:
+            return f"a paged cache (block_table, page size {rep.page_size})"
+        return "a contiguous cache" + (" with cache_batch_idx" if rep.batch_idx else "")
+
     def requirements(self, case: Case) -> set[str]:
         f = bottom_right_requirements(case)
         if case.packing.get("page_size"):
@@ -231,7 +251,7 @@ class FlashAttnKVCache(Convention):
         if grads:
             raise ValueError("the flash_attn_kvcache convention has no backward")
         s = case.shape
-        rep = representation(case, ad.capabilities)
+        rep = representation(case, ad.capabilities, ad.contract)
         out_t, _ = self.call(ad, case, rep, False)
         out = ad.array(out_t, (s["B"], s["Lq"], s["Hq"], s["Dv"]), "output").transpose(0, 2, 1, 3)
         res = Result(out=np.ascontiguousarray(out), out_dtype=ad.out_dtype(out_t), kernel=ad.name,
