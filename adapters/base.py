@@ -208,7 +208,8 @@ class Adapter(Implementation, metaclass=ABCMeta):
             limits["head_dims"] = {"max": self.max_head_dim}
         if self.max_seqlen is not None:
             limits["max_seqlen"] = self.max_seqlen
-        return {"convention": self.convention or None, "source": self.scope_source,
+        contract = {"contract": self.contract.as_dict()} if self.contract is not None else {}
+        return {**contract, "convention": self.convention or None, "source": self.scope_source,
                 "dtypes": [d for d in ("float64", "float32", "float16", "bfloat16") if d in self.dtypes],
                 "grads": "grads" in caps, "dropout": "dropout" in caps,
                 "features": sorted(caps - {"grads", "dropout"}), "limits": limits,

@@ -16,6 +16,7 @@ import numpy as np
 
 from attnconf.reference import Case, round_to
 
+from . import tolerance as T
 from .alternatives import FORWARD, GRADIENTS, Verdict, _judge_against, alternative
 from .regions import case_region
 
@@ -50,6 +51,21 @@ def _scale_input_dtype(entry, case, res, masks) -> Verdict:
     return _judge_against(case.replace(scale=rounded), case, res, masks)
 
 
+@alternative("nan_or_spec", GRADIENTS)
+def _nan_or_spec(entry, case, res, masks) -> Verdict:
+    """Each covered gradient element is NaN, or the spec's value within the gradient tolerance: what the
+    gradients of a kernel whose empty rows are NaN give (NaN reaches dV and dK through the row's weights;
+    dQ of the row may be 0 where the masked logits were constants)."""
+    if not res.grads or case.grad_out is None:
+        return Verdict(True)
+    grads = {q: np.asarray(g) for q, g in res.grads.items()}
+    finite = {q: m & ~np.isnan(np.broadcast_to(grads[q], m.shape)) for q, m in masks.items() if q in grads}
+    for j in T.judge_gradients(grads, case, masks=finite):
+        if not j.ok:
+            return Verdict(False, j.explain())
+    return Verdict(True)
+
+
 def _entry(name: str, suffix: str, clause: str, region: str, instead: str, quantities: list[str],
            dtypes: list[str], impl: str, words: str, source: str) -> dict[str, Any]:
     return {"id": f"{PREFIX}{name.upper().replace('_', '-')}{suffix}", "clause": clause, "kind": "divergent",
@@ -72,7 +88,7 @@ def entries(adapter: Any) -> list[dict[str, Any]]:
         words = f'empty_rows = "{rows}"'
         fwd = {"nan": ["out"], "zero": ["out"], "mean_of_values": ["out", "lse"]}[rows]
         out.append(_entry("empty_rows", "", "ATTN-EMPTY-1", "fully_masked_rows", rows, fwd, [], name, words, src))
-        back = {"nan": "nan", "mean_of_values": "uniform_weight_gradients"}.get(rows)
+        back = {"nan": "nan_or_spec", "mean_of_values": "uniform_weight_gradients"}.get(rows)
         if grads and back:
             out.append(_entry("empty_rows", "-GRADS", "ATTN-EMPTY-3", "fully_masked_rows", back, list(GRADIENTS), [],
                               name, words, src))
@@ -102,6 +118,8 @@ def examples(records: list[dict[str, Any]], entry_id: str) -> int:
 def sentence(d: dict[str, Any]) -> str:
     """One sentence for the certificate or the summary: what was declared and how often it was checked."""
     n = d.get("examples", 0)
+    if d.get("contradicted"):
+        return f"{d['declared']} ({d['id']}, {d['clause']}): CONTRADICTED: the kernel does not do what it declares"
     if not n:
         return f"{d['declared']} ({d['id']}, {d['clause']}): never exercised: no example reached its region"
     return f"{d['declared']} ({d['id']}, {d['clause']}): checked on {n} example(s)"

@@ -822,8 +822,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         if d.get("declared"):
             from .declared import sentence
 
-            tr.write_line(f"  declared {sentence(d)}" + ("; CONTRADICTED (see the failure above)"
-                                                          if d.get("contradicted") else ""))
+            tr.write_line(f"  declared {sentence(d)}", red=bool(d.get("contradicted")))
             continue
         if not d["holds"]:
             tr.write_line(f"  divergence {d['id']} inactive here ({d['condition']}); witness: {d['witness_status']}")

@@ -86,6 +86,7 @@ def render_markdown(cert: dict[str, Any], clauses: list[Clause] | None = None) -
     ]
     for name, s in cert["scopes"].items():
         lines += [f"- {md(name)}: certified for {md(s['certified_for'])}; not covered: {md(s['not_covered'])}."]
+    lines += declared_lines(cert)
     if v.get("incomplete_reasons"):
         lines += ["", "**Why INCOMPLETE:** " + md("; ".join(v["incomplete_reasons"]))]
     if v.get("failures"):
@@ -128,6 +129,8 @@ def render_markdown(cert: dict[str, Any], clauses: list[Clause] | None = None) -
               "◔ below the coverage floor, · not run.", "", "### Divergences", ""]
     if cert["divergences"]:
         for d in cert["divergences"]:
+            if d.get("declared"):
+                continue            # stated with the declarations above
             bound = f", bound {d['bound']:g}" if d.get("bound") is not None else ""
             where = "holds here" if d.get("holds", True) else f"inactive here ({d.get('condition', '')})"
             lines.append(f"- {md(d['id'])} ({md(d['clause'])}, {md(d['kind'])}): region {md(d.get('region', ''))}, "
@@ -146,6 +149,22 @@ def render_markdown(cert: dict[str, Any], clauses: list[Clause] | None = None) -
     lines += [f"| {md(k)} | {md(v)} |" for k, v in environment_rows({"run_id": cert["run_id"],
                                                                       "created": cert["created"], "environment": env})]
     return "\n".join(lines) + "\n"
+
+
+def declared_lines(cert: dict[str, Any]) -> list[str]:
+    """One sentence per behaviour the kernel declared (adapters/contract.py) with how many examples checked it,
+    and its declared limits."""
+    lines = []
+    for d in cert["divergences"]:
+        if d.get("declared"):
+            n = d.get("examples") or 0
+            state = ("contradicted: see the failed clauses" if d.get("contradicted") else
+                     f"checked on {n} example(s)" if n else "never exercised (no example reached its region)")
+            lines.append(f"- declared `{md(d['declared'])}` ({md(d['id'])}, {md(d['clause'])}): {md(state)}.")
+    for name, s in cert["scopes"].items():
+        for limit in (s["declared"].get("contract") or {}).get("limits", []):
+            lines.append(f"- declared limit of {md(name)}: {md(limit)}; cases outside it are out of scope.")
+    return ["", "### Declared behaviour and limits", ""] + lines if lines else []
 
 
 def write(run: dict[str, Any], out_dir: Path, clauses: list[Clause] | None = None, name: str | None = None) -> tuple[Path, Path]:

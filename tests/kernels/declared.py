@@ -99,3 +99,22 @@ def noncausal_q128_padded_keys_bug(query, key, value, attn_mask=None, dropout_p=
 noncausal_q128_padded_keys_bug.attnconf_capabilities = {
     "dtypes": ["float32"], "features": ["causal_top_left", "gqa", "custom_scale", "cross", "mask"], "grads": False,
     "dropout": False, "when": [{"causal": False, "seqlen_multiple": {"q": 128}}]}
+
+
+def _kvcache():
+    from tests.kernels.flash import make_flash_attn_with_kvcache
+
+    return make_flash_attn_with_kvcache()
+
+
+def kvcache_without_batch_idx(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                              cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                              softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                              rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """A correct flash_attn_with_kvcache that does not take `cache_batch_idx` (NotImplementedError), undeclared:
+    the refused representation is unsupported for those cases, never an ATTN-SCOPE-1 failure of a feature."""
+    if cache_batch_idx is not None:
+        raise NotImplementedError("cache_batch_idx is not supported")
+    return _kvcache()(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, None, cache_leftpad,
+                      block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
+                      num_splits, return_softmax_lse)
