@@ -337,6 +337,10 @@ def database_key(fn: Callable, implementation: str, dtype: str | None) -> bytes:
 
 def _one_example(fn, subject: Subject, case, *, generated: bool = True) -> None:
     rec = subject.record
+    if isinstance(case, Case) and getattr(subject.adapter, "contract", None) is not None:
+        from .scope_fit import declared_lengths    # a kernel's declared length limits: fit, never reject
+
+        case = declared_lengths(case, subject.adapter, frozenset({"grads"} if case.grad_out is not None else ()))
     rec.begin_example(case)
     try:
         fn(subject, case)

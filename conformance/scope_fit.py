@@ -81,6 +81,11 @@ def _grow(case: Case, lq: int, lk: int) -> dict:
     return ch
 
 
+def declared_lengths(case: Case, impl, need: frozenset[str]) -> Case:
+    """The case inside the implementation's declared length limits (itself if it is, or cannot be)."""
+    return _declared_lengths(case, impl, need) or case
+
+
 def _declared_lengths(case: Case, impl, need: frozenset[str]) -> Case | None:
     """The case moved into the contract's length limits (adapters/contract.py): lengths cut to equal where
     causal asks it, then grown to the declared multiples."""
