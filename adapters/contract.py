@@ -17,7 +17,7 @@ Declared beside the scope (adapters/scope.py), in the same dict or TOML file:
 A behaviour becomes a divergence entry owned by the kernel (conformance/declared.py): checked in
 its region, the rest of each case judged as usual. A limit makes the cases outside it unsupported,
 with a refusal that names the limit; generation fits cases into the limits (`fit_lengths`,
-conformance/scope_fit.py). This module imports nothing of the suite: it is data and arithmetic.
+conformance/scope_fit.py). Data and arithmetic only: it imports nothing of the suite but the dtype names.
 """
 from __future__ import annotations
 
@@ -25,13 +25,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnconf.reference import DTYPES
+
 BEHAVIOURS = {"empty_rows": ("nan", "zero", "mean_of_values"),
               "compute_dtype": ("bfloat16", "float16", "float32"),
               "scale_rounding": ("input_dtype",)}
 LIMIT_KEYS = ("seqlen_multiple", "causal_equal_lengths", "grads_seqlen_multiple")
 CONTRACT_KEYS = tuple(BEHAVIOURS) + LIMIT_KEYS + ("unsupported_raises", "representations", "when")
 CONDITIONS = ("causal", "grads", "dtype")
-DTYPES = ("float64", "float32", "float16", "bfloat16")
 # the representations a convention can hand a kernel; "contiguous" is the plain one everywhere
 REPRESENTATIONS = {
     "flash_attn_kvcache": ("contiguous", "cache_batch_idx", "paged", "page_size_256", "page_size_512"),
@@ -105,28 +106,24 @@ class Contract:
             if bad:
                 return f"declared limit ({self.source}): {lim.words()}; this case has Lq={lq}, Lk={lk}" + \
                        (", causal" if causal else "") + (", gradients" if grads else "")
-        rep = self.representation_refusal(case)
-        return rep
+        return self.representation_refusal(case)
 
     def representation_refusal(self, case) -> str | None:
+        """Why the representation a case names (its layout, its packing) is one the kernel does not take."""
         if self.representations is None:
             return None
-        used = []
-        if case.layout != "contiguous":
-            used.append(case.layout)
-        p = case.packing
-        if p.get("page_size"):
-            used.append("paged")
-            size = f"page_size_{p['page_size']}"
-            if "paged" not in self.representations and any(r.startswith("page_size_") for r in self.representations):
-                used[-1] = size
-        elif p.get("page_size") == 0 and "contiguous" not in self.representations:
-            used.append("contiguous")
-        if p.get("cache_batch_idx"):
-            used.append("cache_batch_idx")
-        if p.get("kv_layout"):
-            used.append(p["kv_layout"])
-        refused = [u for u in used if u not in self.representations]
+        p, refused = case.packing, []
+        if case.layout != "contiguous" and case.layout not in self.representations:
+            refused.append(case.layout)
+        page = p.get("page_size")
+        if page and not (self.takes("paged") or f"page_size_{page}" in self.representations):
+            refused.append(f"page_size_{page}")
+        if page == 0 and not self.takes("contiguous"):
+            refused.append("contiguous")
+        if p.get("cache_batch_idx") and not self.takes("cache_batch_idx"):
+            refused.append("cache_batch_idx")
+        if p.get("kv_layout") and not self.takes(p["kv_layout"]):
+            refused.append(p["kv_layout"])
         if refused:
             return (f"declared representations ({self.source}) are {', '.join(sorted(self.representations))}; "
                     f"this case uses {', '.join(refused)}")

@@ -292,6 +292,7 @@ def _uniform_weight_gradients(entry, case, res, masks) -> Verdict:
 
 # an implementation that computes at a lower precision than its input: the alternative -> that precision
 PRECISIONS = {"float32_precision": "float32", "float16_precision": "float16", "bfloat16_precision": "bfloat16"}
+PRECISION_ORDER = ("bfloat16", "float16", "float32", "float64")     # by significand width, lowest first
 
 
 @alternative("float32_precision", FORWARD + GRADIENTS + ("layer",), numeric=True)

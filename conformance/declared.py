@@ -17,11 +17,9 @@ import numpy as np
 from attnconf.reference import Case, round_to
 
 from . import tolerance as T
-from .alternatives import FORWARD, GRADIENTS, Verdict, _judge_against, alternative
+from .alternatives import FORWARD, GRADIENTS, PRECISION_ORDER, Verdict, _judge_against, alternative
 from .regions import case_region
 
-# lower precision first: a kernel computing in `compute_dtype` is judged so on every input dtype above it
-PRECISION_ORDER = ("bfloat16", "float16", "float32", "float64")
 PREFIX = "DECLARED-"
 
 

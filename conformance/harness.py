@@ -337,10 +337,6 @@ def database_key(fn: Callable, implementation: str, dtype: str | None) -> bytes:
 
 def _one_example(fn, subject: Subject, case, *, generated: bool = True) -> None:
     rec = subject.record
-    if isinstance(case, Case) and getattr(subject.adapter, "contract", None) is not None:
-        from .scope_fit import declared_lengths    # a kernel's declared length limits: fit, never reject
-
-        case = declared_lengths(case, subject.adapter, frozenset({"grads"} if case.grad_out is not None else ()))
     rec.begin_example(case)
     try:
         fn(subject, case)
@@ -547,8 +543,10 @@ def precision_of(applied: list, case) -> str | None:
     the other entries' alternatives are then judged at that precision too."""
     if getattr(case, "dtype", None) == "float64" and any(a.instead == "float32_precision" for a in applied):
         return "float32"
+    order = alternatives.PRECISION_ORDER            # a declared compute_dtype below the case's dtype
+    dtype = getattr(case, "dtype", None)
     lower = [alternatives.PRECISIONS[a.instead] for a in applied if a.instead in alternatives.PRECISIONS]
-    return lower[0] if lower and lower[0] != getattr(case, "dtype", None) else None   # a declared compute_dtype
+    return lower[0] if lower and dtype in order and order.index(lower[0]) < order.index(dtype) else None
 
 
 def by_specificity(applied: list) -> list:

@@ -196,3 +196,14 @@ def test_scale_rounding_and_empty_rows_entries():
 
     assert REGIONS["scale_changed_by_input_dtype"](_case(dtype="bfloat16", scale=0.3))
     assert not REGIONS["scale_changed_by_input_dtype"](_case(dtype="bfloat16", scale=0.25))
+
+
+def test_flashinfer_layouts(tmp_path):
+    caps = _toml(tmp_path, 'representations = ["NHD", "contiguous"]')
+    a = adapters.load("torch", kernel="tests.kernels.flash:single_prefill_with_kv_cache",
+                      convention="flashinfer_prefill", capabilities=str(caps))[0]
+    from attnconf.adapters.conventions.flashinfer_prefill import kv_layout
+
+    assert {kv_layout(_case(seed=s), a.contract) for s in range(20)} == {"NHD"}
+    assert "this case uses HND" in a.supports(_case(packing={"kv_layout": "HND"}))
+    assert "noncontiguous" not in a.capabilities

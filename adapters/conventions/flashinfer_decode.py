@@ -51,7 +51,7 @@ class FlashInferDecode(Convention):
             raise ValueError("the flashinfer_decode convention has no backward")
         s = case.shape
         _, kl = lengths(case)
-        layout = kv_layout(case)
+        layout = kv_layout(case, ad.contract)
         nc = case.layout == "noncontiguous"
         out = np.zeros(case.out_shape)
         lse = np.full(case.out_shape[:3], -np.inf) if want_lse else None

@@ -49,10 +49,12 @@ OUTSIDE = ("gradients (no backward)", "dropout", "additive bias", "masks that di
            "stride-0 (broadcast) K/V")
 
 
-def kv_layout(case: Case) -> str:
+def kv_layout(case: Case, contract=None) -> str:
+    """case.packing["kv_layout"], else drawn from the case seed among the layouts the kernel declares it takes."""
     layout = case.packing.get("kv_layout")
     if layout is None:
-        return "HND" if np.random.default_rng([case.seed, 31]).random() < 0.5 else "NHD"
+        pool = [x for x in ("HND", "NHD") if contract is None or contract.takes(x)] or ["HND", "NHD"]
+        return pool[0] if len(pool) == 1 else ("HND" if np.random.default_rng([case.seed, 31]).random() < 0.5 else "NHD")
     if layout not in ("NHD", "HND"):
         raise ValueError(f"packing['kv_layout'] must be 'NHD' or 'HND'; got {layout!r}")
     return layout
@@ -116,7 +118,7 @@ class FlashInferPrefill(Convention):
             raise ValueError("the flashinfer_prefill convention has no backward")
         s = case.shape
         ql, _ = lengths(case)
-        layout = kv_layout(case)
+        layout = kv_layout(case, ad.contract)
         out = np.zeros(case.out_shape)
         lse = np.full(case.out_shape[:3], -np.inf) if want_lse else None
         dtype = case.dtype
