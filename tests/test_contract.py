@@ -207,3 +207,19 @@ def test_flashinfer_layouts(tmp_path):
     assert {kv_layout(_case(seed=s), a.contract) for s in range(20)} == {"NHD"}
     assert "this case uses HND" in a.supports(_case(packing={"kv_layout": "HND"}))
     assert "noncontiguous" not in a.capabilities
+
+
+def test_certificate_states_each_declaration():
+    from attnconf.reports.certificate import declared_lines
+
+    base = {"clause": "ATTN-EMPTY-1", "declared": 'empty_rows = "nan"', "contradicted": False}
+    cert = {"divergences": [{**base, "id": "DECLARED-EMPTY-ROWS", "examples": 12},
+                            {**base, "id": "DECLARED-EMPTY-ROWS-GRADS", "examples": 0},
+                            {**base, "id": "DECLARED-SCALE-ROUNDING", "examples": 3, "contradicted": True},
+                            {"id": "TORCH-X", "clause": "ATTN-OP-1", "examples": 4}],
+            "scopes": {"k": {"declared": {"contract": {"limits": ["Lq and Lk multiples of 64"]}}}}}
+    text = "\n".join(declared_lines(cert))
+    assert "DECLARED-EMPTY-ROWS, ATTN-EMPTY-1): checked on 12 example(s)" in text
+    assert "DECLARED-EMPTY-ROWS-GRADS, ATTN-EMPTY-1): never exercised" in text
+    assert "DECLARED-SCALE-ROUNDING, ATTN-EMPTY-1): contradicted" in text and "TORCH-X" not in text
+    assert "declared limit of k: Lq and Lk multiples of 64" in text
