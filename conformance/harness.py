@@ -143,11 +143,13 @@ class TestRecord:
     panel: list[dict[str, Any]] = field(default_factory=list)
     current_case: Case | None = None
     rejected: int = 0                         # unjudged examples handed back to Hypothesis for another draw
+    outputs: list[tuple[Any, np.ndarray]] = field(default_factory=list)   # this example's (case, raw output)
     _example: dict[str, Any] = field(default_factory=dict)
 
     def begin_example(self, case) -> None:
         self.examples += 1
         self.current_case = case
+        self.outputs = []
         self._example = {"ran": False, "unsupported": False, "entries": set()}
 
     def end_example(self) -> bool:
@@ -163,6 +165,10 @@ class TestRecord:
                 self.divergent_by_entry[eid] = self.divergent_by_entry.get(eid, 0) + 1
         self._example = {}
         return bool(ex.get("ran"))
+
+    def output_of(self, case) -> np.ndarray | None:
+        """The kernel's raw output on `case` in the current example (conformance/causes.py diagnoses it)."""
+        return next((out for c, out in reversed(self.outputs) if c is case), None)
 
     def note_unsupported(self, reason: str) -> None:
         self.unsupported_reasons.add(reason)
@@ -186,16 +192,23 @@ class TestRecord:
             self.divergent_by_entry[entry_id] = self.divergent_by_entry.get(entry_id, 0) + 1
 
     def add_judgement(self, j: tolerance.Judgement, case: Case) -> None:
+        """Keep the judgement's error ratios; a non-finite one (NaN or inf where the reference is finite) is
+        the worst there is and is kept too, so a summary never shows a small worst ratio beside such failures."""
+        r = self.ratios.setdefault(j.dtype, {"max": 0.0, "mean": 0.0, "cases": 0})
+        r["max"] = worst(r["max"], j.ratio_max)
+        r["mean"] = worst(r["mean"], j.ratio_mean)
+        r["cases"] += 1
         if not np.isfinite(j.ratio_max):
             return
-        r = self.ratios.setdefault(j.dtype, {"max": 0.0, "mean": 0.0, "cases": 0})
-        r["max"] = max(r["max"], j.ratio_max)
-        r["mean"] = max(r["mean"], j.ratio_mean)
-        r["cases"] += 1
         if len(self.samples) < MAX_SAMPLES and hasattr(case, "shape"):
             s = case.shape
             self.samples.append({"dtype": j.dtype, "quantity": j.quantity, "Lq": s["Lq"], "Lk": s["Lk"], "Dk": s["Dk"],
                                  "ratio_max": j.ratio_max, "ratio_mean": j.ratio_mean})
+
+
+def worst(a: float, b: float) -> float:
+    """The larger of two error ratios, NaN counting as the worst."""
+    return float("nan") if np.isnan(a) or np.isnan(b) else max(a, b)
 
 
 class Subject:
@@ -500,6 +513,7 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
     if tuple(res.out.shape) != case.out_shape:
         raise ConformanceFailure("ATTN-OP-2", f"output shape {tuple(res.out.shape)} != expected {case.out_shape}",
                                  case, adapter.name)
+    rec.outputs.append((case, np.array(res.out, dtype=np.float64)))
     if res.out_dtype != case.dtype:
         widened = [a for a in applied if a.instead == "output_float32" and res.out_dtype == "float32"]
         if not widened:

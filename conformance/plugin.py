@@ -85,6 +85,7 @@ class RunState:
         self.interrupted = False
         self.environment: dict[str, Any] | None = None
         self.plan: list | None = None
+        self.keeper: Any = None                 # conformance.causes.Keeper: which failing cases are saved
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Collect records (with and without pytest-xdist) and keep the run file current."""
@@ -477,6 +478,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         case = getattr(exc, "case", None) or rec.current_case
         if case is not None:
             record["case"] = case.summary()
+            record["cause"], kept = _cause(state, rec, case, clause)
+            if kept is not None:      # this cause and this clause have a saved case already: point at it
+                record["failure_file"], record["replay"] = kept
+                return _with_record(report, record)
             try:
                 path = _save_failure(item, case)
             except Exception as err:  # never lose the record because a case could not be saved
@@ -484,9 +489,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             else:
                 record["failure_file"] = str(path)
                 record["replay"] = _replay_command(item, path)
+                state.keeper.keep(record["cause"], clause or "ATTN-OP-1", record["failure_file"], record["replay"])
                 report.sections.append(("attnconf replay", f"saved case: {path}\nreplay: {record['replay']}"))
+    return _with_record(report, record)
+
+
+def _with_record(report: pytest.TestReport, record: dict[str, Any]) -> pytest.TestReport:
     report.user_properties.append(("attnconf", record))
     return report
+
+
+def _cause(state: RunState, rec: "harness.TestRecord", case, clause: str | None) -> tuple[str, tuple | None]:
+    """The failure's cause (conformance/causes.py) and, if its cause and clause have a saved case, that case."""
+    from . import causes
+
+    if state.keeper is None:
+        state.keeper = causes.Keeper()
+    try:
+        cause = causes.diagnose(case, rec.output_of(case), clause)
+    except Exception:   # noqa: BLE001 (a diagnosis must never lose the record)
+        cause = f"{causes.UNEXPLAINED}:{clause or 'ATTN-OP-1'}"
+    return cause, state.keeper.existing(cause, clause or "ATTN-OP-1")
 
 
 def _primary(exc: BaseException) -> BaseException:
@@ -657,6 +680,7 @@ def _scope(adapter) -> dict[str, Any]:
 def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:
     from attnconf import spec
 
+    from .causes import group as group_causes
     from .verdict import build_cells, decide, plan
 
     state = _state(config)
@@ -709,7 +733,7 @@ def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:
         "duration_s": round(time.time() - state.started, 1),
         "environment": env, "records": records, "observations": observations, "panel": panel,
         "cells": [c.as_dict(floor) for c in sorted(cells.values(), key=lambda c: (c.implementation, c.clause, c.dtype))],
-        "divergences": divs, "verdict": v,
+        "divergences": divs, "verdict": v, "causes": group_causes(records),
     }
 
 
@@ -750,6 +774,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.INTERRUPTED if session.exitstatus == 0 else session.exitstatus
     if v == "NONCONFORMANT" and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def ratio_tail(records: list[dict[str, Any]], name: str) -> str:
+    """'; worst error ratio float32 0.412, float16 inf' for one implementation: NaN and inf (non-finite output
+    where the reference is finite) count as the worst, and 3 significant digits never print a 1.75e6 as 0.00."""
+    from .harness import worst
+
+    out: dict[str, float] = {}
+    for r in records:
+        if r["implementation"] == name:
+            for dt, v in (r.get("ratios") or {}).items():
+                out[dt] = worst(out.get(dt, 0.0), float(v["max"]))
+    if not out:
+        return ""
+    return "; worst error ratio " + ", ".join(f"{d} {v:.3g}" for d, v in sorted(out.items()))
 
 
 _UNVALIDATED_SAID: list[Path] = []   # the run file that was written unvalidated, said once per process
@@ -794,15 +833,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         cells.setdefault(c["implementation"], {}).setdefault(c["status"], 0)
         cells[c["implementation"]][c["status"]] += 1
     for name in sorted(cells):
-        worst = {}
-        for r in run["records"]:
-            if r["implementation"] == name:
-                for dt, v in r["ratios"].items():
-                    worst[dt] = max(worst.get(dt, 0.0), v["max"])
-        tail = ("; worst error ratio " + ", ".join(f"{d} {v:.2f}" for d, v in sorted(worst.items()))) if worst else ""
+        tail = ratio_tail(run["records"], name)
         tr.write_line(f"  {name}: clause x dtype cells " + ", ".join(f"{n} {s}" for s, n in sorted(cells[name].items()))
                       + tail)
     v = run["verdict"]
+    from .causes import cause_line
+
+    for g in run.get("causes") or []:
+        tr.write_line(f"  CAUSE {cause_line(g)}", red=g.get("declaration") is None, yellow=g.get("declaration") is not None)
+        if g.get("replay"):
+            tr.write_line(f"    replay: {g['replay']}")
     for f in v.get("failures", []):
         tr.write_line(f"  FAILED {f['clause']} ({f['implementation']}, {f['dtype']}): {f.get('message')}")
         if f.get("case"):
