@@ -127,7 +127,7 @@ def certify(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_path, md_path, json_path = out / "run.json", out / "certificate.md", out / "certificate.json"
-    for stale in (run_path, md_path, json_path):   # a failed run must never leave an old verdict behind
+    for stale in (run_path, md_path, json_path, md_path.with_suffix(".svg")):   # a failed run must never leave an old verdict behind
         stale.unlink(missing_ok=True)
     pytest_args = [*_backend_args(args), f"--hypothesis-profile={args.profile}", f"--report={run_path.resolve()}",
                    f"--failures-dir={(out / 'failures').resolve()}", "-q", *args.pytest_args]
@@ -148,7 +148,7 @@ def certify(args: argparse.Namespace) -> int:
     certificate.write_files(run, md_path, json_path)
     verdict = run["verdict"]
     print(f"verdict: {verdict_line(verdict)}")
-    print(f"certificate: {md_path} (JSON: {json_path}); run file: {run_path}")
+    print(f"certificate: {md_path} (JSON: {json_path}, badge: {md_path.with_suffix('.svg')}); run file: {run_path}")
     if verdict["verdict"] in PASSING and code == 0:
         return 0
     if verdict["verdict"] in PASSING:

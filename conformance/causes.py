@@ -233,12 +233,3 @@ def group(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         for key in ("clauses", "tests", "implementations", "dtypes"):
             g[key].sort()
     return sorted(out.values(), key=lambda g: (g["id"].startswith(UNEXPLAINED), -len(g["clauses"]), g["id"]))
-
-
-def cause_line(g: dict[str, Any]) -> str:
-    """One line for the terminal and the certificate."""
-    text = f"{g['title']} ({g['id']}): explains {g['failures']} failure(s) of {', '.join(g['clauses'])}"
-    text += f" in {len(g['tests'])} test(s)"
-    if g.get("declaration"):
-        text += f"; documented behaviour? declare {g['declaration']}"
-    return text

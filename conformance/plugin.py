@@ -837,7 +837,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         tr.write_line(f"  {name}: clause x dtype cells " + ", ".join(f"{n} {s}" for s, n in sorted(cells[name].items()))
                       + tail)
     v = run["verdict"]
-    from .causes import cause_line
+    from attnconf.reports.causes import cause_line
 
     for g in run.get("causes") or []:
         tr.write_line(f"  CAUSE {cause_line(g)}", red=g.get("declaration") is None, yellow=g.get("declaration") is not None)

@@ -7,6 +7,7 @@ import pytest
 
 from attnconf.conformance import causes
 from attnconf.reference import Case, naive_forward, oracle
+from attnconf.reports.causes import cause_line
 
 
 def _qkv(b=1, h=2, lq=5, lk=7, d=8, seed=0):
@@ -115,9 +116,9 @@ def test_group_one_line_per_cause():
     assert nan["clauses"] == ["ATTN-EMPTY-1", "ATTN-LSE-1", "ATTN-TOL-3"] and nan["failures"] == 3
     assert nan["failure_file"] == "a.npz" and nan["declaration"] == 'empty_rows = "nan"'
     assert nan["dtypes"] == ["float16", "float32"]
-    line = causes.cause_line(nan)
+    line = cause_line(nan)
     assert 'declare empty_rows = "nan"' in line and "3 failure(s)" in line
-    assert "declare" not in causes.cause_line(got[1])
+    assert "declare" not in cause_line(got[1])
 
 
 def test_keeper_saves_one_case_per_cause_and_per_clause():
@@ -130,3 +131,20 @@ def test_keeper_saves_one_case_per_cause_and_per_clause():
     assert k.existing("zero", "ATTN-TOL-3") is None                   # a new cause too
     k.keep("zero", "ATTN-TOL-3", "c.npz", "rc")
     assert k.existing("zero", "ATTN-EMPTY-1") == ("a.npz", "ra")      # both seen: the clause's case
+
+
+def test_certificate_lists_causes_and_writes_a_badge(tmp_path):
+    from attnconf.reports import badge, certificate
+
+    run = {"run_id": "r", "created": "2026-11-28T00:00:00Z", "environment": {"backend": "torch", "device": "cpu",
+           "kernel": "k:f", "scopes": {"k": {"dtypes": ["float32", "float16"]}}},
+           "records": [], "cells": [], "verdict": {"verdict": "NONCONFORMANT", "failed_clauses": [], "failures": []},
+           "causes": causes.group([_rec("test_a", "ATTN-EMPTY-1", "empty_rows_nan", file="a.npz")])}
+    md, _ = certificate.write_files(run, tmp_path / "certificate.md", tmp_path / "certificate.json")
+    text = md.read_text()
+    assert "### Causes" in text and 'declare `empty_rows = "nan"`' in text and "replay a.npz" in text
+    svg = (tmp_path / "certificate.svg").read_text()
+    assert svg.startswith("<svg") and badge.COLOURS["NONCONFORMANT"] in svg and "float32, float16" in svg
+    for verdict, colour in (("CONFORMANT", "#2e7d32"), ("CONFORMANT_WITH_DIVERGENCES", "#e69500"),
+                            ("INCOMPLETE", "#e69500")):
+        assert colour in badge.render({"verdict": verdict, "scopes": {}})
