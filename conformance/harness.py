@@ -144,6 +144,8 @@ class TestRecord:
     current_case: Case | None = None
     rejected: int = 0                         # unjudged examples handed back to Hypothesis for another draw
     outputs: list[tuple[Any, np.ndarray]] = field(default_factory=list)   # this example's (case, raw output)
+    # "+"-joined features of the cases a judged example ran ("grads", "dbias" too) -> examples (verdict.credited)
+    checked_features: dict[str, int] = field(default_factory=dict)
     _example: dict[str, Any] = field(default_factory=dict)
 
     def begin_example(self, case) -> None:
@@ -157,6 +159,9 @@ class TestRecord:
         ex = self._example
         if ex.get("ran"):
             self.checked += 1
+            if "features" in ex:
+                sig = "+".join(sorted(ex["features"]))
+                self.checked_features[sig] = self.checked_features.get(sig, 0) + 1
         elif ex.get("unsupported"):
             self.unsupported += 1
         if ex.get("entries"):
@@ -176,6 +181,13 @@ class TestRecord:
             self._example["unsupported"] = True
         else:
             self.unsupported += 1
+
+    def note_features(self, case: Any, grads: bool) -> None:
+        """What a judged call of this example exercised: the case's features, and gradients if they were asked."""
+        if not self._example or not hasattr(case, "features"):
+            return
+        f = set(case.features()) | ({"grads"} | ({"dbias"} if case.bias is not None else set()) if grads else set())
+        self._example["features"] = self._example.get("features", set()) | f
 
     def note_ran(self) -> None:
         if self._example:
@@ -547,6 +559,7 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
             exempt[q] = m if q not in exempt else exempt[q] | m
     if exempt:
         _substitute(res, case, exempt)
+    rec.note_features(case, grads)
     rec.note_ran()
     return res
 

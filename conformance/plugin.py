@@ -542,6 +542,7 @@ def _record(item: pytest.Item, rec: "harness.TestRecord | None", status: str, me
         "examples_divergent": rec.divergent if rec else 0,
         "divergent_by_entry": dict(rec.divergent_by_entry) if rec else {},
         "conformed_in_region": dict(rec.conformed_in_region) if rec else {},
+        "checked_features": dict(rec.checked_features) if rec else {},
         "unsupported_reasons": sorted(rec.unsupported_reasons)[:10] if rec else ([message] if message else []),
         "ratios": rec.ratios if rec else {}, "samples": rec.samples if rec else [],
         "observations": rec.observations if rec else [], "panel": rec.panel if rec else [],
@@ -699,7 +700,8 @@ def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:
     seen = {d for r in records for d in r["divergences"]}
     entries = {e["id"]: e for e in session.entries}
     floor = spec.coverage()["min_examples"]
-    impls = {a.name: {"kind": _kind(a), "dtypes": list(getattr(a, "dtypes", ()))} for a in session.impls}
+    impls = {a.name: {"kind": _kind(a), "dtypes": list(getattr(a, "dtypes", ())),
+                      "features": sorted(getattr(a, "capabilities", ()))} for a in session.impls}
     if state.plan is None:
         state.plan = plan()
     cells = build_cells(records, impls, state.plan, entries)
