@@ -584,9 +584,14 @@ def _replay_command(item: pytest.Item, path: Path) -> str:
             parts += ["--kernel", cfg.getoption("--kernel")]
             for opt in ("--convention", "--capabilities"):
                 if cfg.getoption(opt):
-                    parts += [opt, cfg.getoption(opt)]
+                    parts += [opt, str(Path(cfg.getoption(opt)).resolve()) if opt == "--capabilities"
+                              else cfg.getoption(opt)]
         else:
             parts += ["--impl", _impl_of(item)]
+        if cfg.getoption("--divergences-dir"):
+            parts += ["--divergences-dir", str(Path(cfg.getoption("--divergences-dir")).resolve())]
+        if cfg.getoption("--isolate"):
+            parts.append("--isolate")
         return " ".join(shlex.quote(p) for p in parts)
     if cfg.getoption("--kernel"):
         parts.append(f"--kernel={cfg.getoption('--kernel')}")
