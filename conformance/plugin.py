@@ -196,6 +196,8 @@ def pytest_configure(config: pytest.Config) -> None:
         entries=divs.entries, options=options)
     state = RunState(session, config)
     config.stash[SESSION_KEY] = state
+    if _by_cli(config):     # pytest's own lines name tests from the caller's folder: ../../site-packages/...
+        config.cwd_relative_nodeid = lambda nodeid: nodeid
     settings.load_profile(config.getoption("--hypothesis-profile", default=None) or "dev")
     if getattr(config, "workerinput", None) is None:
         config.pluginmanager.register(state, "attnconf-run")
@@ -571,14 +573,23 @@ def _save_failure(item: pytest.Item, case) -> Path:
     return case.save(path)
 
 
+SUITE_INI = "pytest-attnconf.ini"     # the configuration `attnconf certify` and `attnconf replay` run the suite with
+
+
+def _by_cli(config: pytest.Config) -> bool:
+    """Whether `attnconf certify` / `replay` started this run (their -c ini, the suite folder as rootdir)."""
+    return config.inipath is not None and config.inipath.name == SUITE_INI
+
+
 def _replay_command(item: pytest.Item, path: Path) -> str:
-    """The command that replays `path`: pytest from a checkout, `attnconf replay` from an installed suite."""
+    """The command that replays `path`: pytest from a checkout, `attnconf replay` from an installed suite or a
+    run that `attnconf certify` started (its node ids are relative to the suite folder, not to the caller)."""
     cfg = item.config
-    if IN_CHECKOUT:
+    if IN_CHECKOUT and not _by_cli(cfg):
         parts = [sys.executable, "-m", "pytest", item.nodeid, f"--backend={cfg.getoption('--backend')}",
                  f"--device={cfg.getoption('--device')}"]
     else:
-        parts = ["attnconf", "replay", str(path), "--backend", cfg.getoption("--backend"), "--test", item.nodeid,
+        parts = [*((sys.executable, "-m", "attnconf") if IN_CHECKOUT else ("attnconf",)), "replay", str(path), "--backend", cfg.getoption("--backend"), "--test", item.nodeid,
                  "--device", cfg.getoption("--device")]
         if cfg.getoption("--kernel"):
             parts += ["--kernel", cfg.getoption("--kernel")]

@@ -84,3 +84,13 @@ def test_arg1_a_nan_row_never_counts_as_unmoved():
     d = distance(out, ref, axis=-1)
     assert d[0, 0, 0] == 0 and d[0, 0, 1] == np.inf
     assert distance(out, ref) == np.inf
+
+
+def test_runs_started_by_the_cli_name_tests_from_the_suite_folder():
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    assert plugin._by_cli(SimpleNamespace(inipath=Path("/x/attnconf/conformance/pytest-attnconf.ini")))
+    assert not plugin._by_cli(SimpleNamespace(inipath=Path("/repo/pyproject.toml")))
+    assert not plugin._by_cli(SimpleNamespace(inipath=None))
+    assert (Path(cli.suite_ini()).name == plugin.SUITE_INI)
