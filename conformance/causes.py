@@ -35,6 +35,7 @@ UNEXPLAINED = "unexplained"
 # precisions from the most to the least accurate: a lower-precision hypothesis is tried only below the case's own
 PRECISIONS = ("float64", "float32", "float16", "bfloat16")
 BLOCKS = (16, 32, 64, 128)          # key blocks a kernel may pad with zero keys it then attends
+OTHERS = 8                          # other calls of the failing test tried when the failing case's output is not explained
 
 
 @dataclass(frozen=True)
@@ -157,26 +158,41 @@ DIAGNOSES: tuple[Diagnosis, ...] = (
 BY_NAME = {d.name: d for d in DIAGNOSES}
 
 
-def diagnose(case: Any, out: np.ndarray | None, clause: str | None) -> str:
+def explained_by(case: Any, out: np.ndarray | None) -> str | None:
+    """The first diagnosis that explains the kernel's output on `case`, if the output fails the spec there."""
+    if out is None or not isinstance(case, Case) or getattr(case, "dropout_p", 0.0):
+        return None
+    out = np.asarray(out, dtype=np.float64)
+    if out.shape != case.out_shape or T.judge_output(out, case).ok:
+        return None
+    for d in DIAGNOSES:
+        if d.explains is None:
+            continue
+        try:
+            with np.errstate(all="ignore"):
+                if d.explains(case, out):
+                    return d.name
+        except Exception:      # noqa: BLE001 (a hypothesis that cannot be built explains nothing)
+            continue
+    return None
+
+
+def diagnose(case: Any, out: np.ndarray | None, clause: str | None,
+             others: Iterable[tuple[Any, np.ndarray]] = ()) -> str:
     """The id of the cause of one failure: the first diagnosis that explains the kernel's output on the
-    failing case, else `unexplained:<clause>`. A diagnosis that raises (a case it cannot rebuild) explains
-    nothing; a failure without an output (an exception, a crash) is explained only by its clause."""
+    failing case, else on another call of the same test (a property judged from derived cases, such as
+    weights read through one-hot values, fails on the case it was derived from), else
+    `unexplained:<clause>`. A failure without an output (an exception, a crash) is explained only by its clause."""
     for d in DIAGNOSES:
         if d.clause is not None and d.clause == clause:
             return d.name
-    if out is not None and isinstance(case, Case) and not getattr(case, "dropout_p", 0.0):
-        out = np.asarray(out, dtype=np.float64)
-        if out.shape == case.out_shape and not T.judge_output(out, case).ok:
-            for d in DIAGNOSES:
-                if d.explains is None:
-                    continue
-                try:
-                    with np.errstate(all="ignore"):
-                        if d.explains(case, out):
-                            return d.name
-                except Exception:      # noqa: BLE001 (a hypothesis that cannot be built explains nothing)
-                    continue
-    return f"{UNEXPLAINED}:{clause or 'ATTN-OP-1'}"
+    found = explained_by(case, out)
+    for other, other_out in list(others)[-OTHERS:][::-1]:
+        if found is not None:
+            break
+        if other is not case:
+            found = explained_by(other, other_out)
+    return found or f"{UNEXPLAINED}:{clause or 'ATTN-OP-1'}"
 
 
 class Keeper:

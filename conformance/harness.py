@@ -16,6 +16,7 @@ them can be fooled or tripped by the covered elements.
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 import inspect
 import signal
 import threading
@@ -38,6 +39,7 @@ from . import alternatives, tolerance
 from . import strategies as strategies_module
 
 MAX_SAMPLES = 100
+KEEP_OUTPUTS = 32              # kernel outputs a record keeps for diagnosing its failure (TestRecord.outputs)
 MIN_CELL_EXAMPLES = 3          # Hypothesis examples per (test, implementation, dtype) cell, at least
 
 
@@ -143,7 +145,9 @@ class TestRecord:
     panel: list[dict[str, Any]] = field(default_factory=list)
     current_case: Case | None = None
     rejected: int = 0                         # unjudged examples handed back to Hypothesis for another draw
-    outputs: list[tuple[Any, np.ndarray]] = field(default_factory=list)   # this example's (case, raw output)
+    # the latest calls' (case, raw output): Hypothesis re-runs each failing example at the end, and the failure
+    # it reports may be an earlier one than the last example run (conformance/causes.py diagnoses it)
+    outputs: deque = field(default_factory=lambda: deque(maxlen=KEEP_OUTPUTS))
     # "+"-joined features of the cases a judged example ran ("grads", "dbias" too) -> examples (verdict.credited)
     checked_features: dict[str, int] = field(default_factory=dict)
     _example: dict[str, Any] = field(default_factory=dict)
@@ -151,7 +155,6 @@ class TestRecord:
     def begin_example(self, case) -> None:
         self.examples += 1
         self.current_case = case
-        self.outputs = []
         self._example = {"ran": False, "unsupported": False, "entries": set()}
 
     def end_example(self) -> bool:
@@ -172,7 +175,7 @@ class TestRecord:
         return bool(ex.get("ran"))
 
     def output_of(self, case) -> np.ndarray | None:
-        """The kernel's raw output on `case` in the current example (conformance/causes.py diagnoses it)."""
+        """The kernel's latest raw output on `case` (the very object), if still kept."""
         return next((out for c, out in reversed(self.outputs) if c is case), None)
 
     def note_unsupported(self, reason: str) -> None:

@@ -483,7 +483,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             record["cause"], kept = _cause(state, rec, case, clause)
             if kept is not None:      # this cause and this clause have a saved case already: point at it
                 record["failure_file"], record["replay"] = kept
-                return _with_record(report, record)
+                return _with_record(report, record, rec)
             try:
                 path = _save_failure(item, case)
             except Exception as err:  # never lose the record because a case could not be saved
@@ -493,10 +493,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
                 record["replay"] = _replay_command(item, path)
                 state.keeper.keep(record["cause"], clause or "ATTN-OP-1", record["failure_file"], record["replay"])
                 report.sections.append(("attnconf replay", f"saved case: {path}\nreplay: {record['replay']}"))
-    return _with_record(report, record)
+    return _with_record(report, record, rec)
 
 
-def _with_record(report: pytest.TestReport, record: dict[str, Any]) -> pytest.TestReport:
+def _with_record(report: pytest.TestReport, record: dict[str, Any], rec) -> pytest.TestReport:
+    """Attach the record; the kernel outputs the test item kept for diagnosing are no longer needed."""
+    if rec is not None:
+        rec.outputs.clear()
     report.user_properties.append(("attnconf", record))
     return report
 
@@ -508,7 +511,7 @@ def _cause(state: RunState, rec: "harness.TestRecord", case, clause: str | None)
     if state.keeper is None:
         state.keeper = causes.Keeper()
     try:
-        cause = causes.diagnose(case, rec.output_of(case), clause)
+        cause = causes.diagnose(case, rec.output_of(case), clause, others=rec.outputs)
     except Exception:   # noqa: BLE001 (a diagnosis must never lose the record)
         cause = f"{causes.UNEXPLAINED}:{clause or 'ATTN-OP-1'}"
     return cause, state.keeper.existing(cause, clause or "ATTN-OP-1")

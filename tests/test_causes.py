@@ -99,6 +99,14 @@ def test_mutation_and_no_output():
     assert causes.diagnose(case, oracle(case).out, "ATTN-LSE-1") == "unexplained:ATTN-LSE-1"   # output conforms
 
 
+def test_a_failure_judged_on_derived_cases_takes_the_cause_of_their_outputs():
+    case = _masked()
+    derived = case.replace(v=np.ones_like(case.v))
+    got = causes.diagnose(case, None, "ATTN-W-1", others=[(derived, _empty_rows(derived, np.nan))])
+    assert got == "empty_rows_nan"
+    assert causes.diagnose(case, None, "ATTN-W-1", others=[(derived, oracle(derived).out)]) == "unexplained:ATTN-W-1"
+
+
 def _rec(test, clause, cause, dtype="float32", file=None):
     return {"status": "fail", "test": test, "failed_clause": clause, "cause": cause, "implementation": "k",
             "dtype": dtype, "case": "B=1", "failure_file": file, "replay": f"replay {file}" if file else None}
