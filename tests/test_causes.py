@@ -156,3 +156,17 @@ def test_certificate_lists_causes_and_writes_a_badge(tmp_path):
     for verdict, colour in (("CONFORMANT", "#2e7d32"), ("CONFORMANT_WITH_DIVERGENCES", "#e69500"),
                             ("INCOMPLETE", "#e69500")):
         assert colour in badge.render({"verdict": verdict, "scopes": {}})
+
+
+def test_plugin_diagnoses_from_the_kept_output_and_reuses_saved_cases():
+    from types import SimpleNamespace
+
+    from attnconf.conformance import harness, plugin
+
+    case = _masked()
+    rec = harness.TestRecord("n", "t", [], "k")
+    rec.outputs.append((case, _empty_rows(case, np.nan)))
+    state = SimpleNamespace(keeper=None)
+    assert plugin._cause(state, rec, case, "ATTN-EMPTY-1") == ("empty_rows_nan", None)
+    state.keeper.keep("empty_rows_nan", "ATTN-EMPTY-1", "a.npz", "replay a")
+    assert plugin._cause(state, rec, case, "ATTN-EMPTY-1") == ("empty_rows_nan", ("a.npz", "replay a"))
