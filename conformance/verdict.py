@@ -21,6 +21,7 @@ change a verdict.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -72,6 +73,7 @@ def plan() -> list[PlannedTest]:
     return out
 
 
+@functools.cache
 def subjects() -> dict[str, tuple[str, ...]]:
     """Clause id -> its subject (spec/clauses.toml `subject`): the features an example must exercise to
     count for the clause, each item "a|b" held by either."""

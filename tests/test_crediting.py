@@ -43,3 +43,19 @@ def test_three_states():
 def test_a_failure_out_of_scope_still_fails():
     rec = {**_rec("t", ["ATTN-MASK-1"], 1, {"": 1}, status="fail"), "failed_clause": "ATTN-MASK-1", "message": "x"}
     assert _cells([rec], [])["ATTN-MASK-1"] == "failing"
+
+
+def test_a_cell_that_rarely_exercised_a_subject_draws_more():
+    from types import SimpleNamespace
+
+    from attnconf.conformance import harness
+
+    rec = harness.TestRecord("n", "t", [], "k")
+    rec.checked, rec.checked_features = 5, {"": 3, "causal_top_left": 2}
+    declares = SimpleNamespace(capabilities={"causal_top_left"})
+    assert harness.subject_shortfall(declares, rec, ["ATTN-PROP-3", "ATTN-W-1"])
+    assert not harness.subject_shortfall(SimpleNamespace(capabilities=set()), rec, ["ATTN-PROP-3"])  # out of scope
+    rec.checked_features = {"": 5}
+    assert not harness.subject_shortfall(declares, rec, ["ATTN-PROP-3"])   # the strategy is not about it
+    rec.checked_features = {"causal_top_left": 3, "": 2}
+    assert not harness.subject_shortfall(declares, rec, ["ATTN-PROP-3"])   # enough
