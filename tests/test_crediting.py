@@ -59,3 +59,15 @@ def test_a_cell_that_rarely_exercised_a_subject_draws_more():
     assert not harness.subject_shortfall(declares, rec, ["ATTN-PROP-3"])   # the strategy is not about it
     rec.checked_features = {"causal_top_left": 3, "": 2}
     assert not harness.subject_shortfall(declares, rec, ["ATTN-PROP-3"])   # enough
+
+
+def test_no_top_up_where_earlier_cells_reached_the_floor():
+    from types import SimpleNamespace
+
+    from attnconf.conformance import harness
+
+    rec = harness.TestRecord("n", "t", [], "k")
+    rec.checked, rec.checked_features = 5, {"": 4, "causal_top_left": 1}
+    declares = SimpleNamespace(capabilities={"causal_top_left"})
+    assert harness.subject_shortfall(declares, rec, ["ATTN-PROP-3"], {"ATTN-PROP-3": 1})
+    assert not harness.subject_shortfall(declares, rec, ["ATTN-PROP-3"], {"ATTN-PROP-3": 2})
