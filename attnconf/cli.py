@@ -3,7 +3,8 @@
     attnconf certify --backend torch [--kernel MODULE:ATTR | --impl NAME,...] [--convention NAME] [--device D]
                      [--capabilities FILE.toml] [--profile ci] [--out DIR] [--isolate] [-- PYTEST ARGS]
     attnconf report RUN.json... --out DIR
-    attnconf replay FILE.npz [--backend B [--kernel MODULE:ATTR] [--test NODEID|EXPR]]   (default test: the one that saved FILE)
+    attnconf replay FILE.npz [--backend B [--kernel MODULE:ATTR] [--capabilities FILE.toml] [--divergences-dir DIR]
+                    [--test NODEID|EXPR]]   (default test: the one that saved FILE)
     attnconf backends [--names] [--json] [--matrix] [--installed] [--devices cpu,...]
 
 `certify` and `replay` run the suite that ships with attnconf (the installed `attnconf/conformance`
@@ -82,16 +83,22 @@ def suite_env(cwd: Path) -> dict[str, str]:
 
 
 def run_suite(pytest_args: Sequence[str], target: str | None = None) -> int:
+    """The suite in a subprocess from the caller's folder; Hypothesis' storage (`.hypothesis/`) goes to a
+    temporary folder removed afterwards, never into the caller's repository."""
+    import tempfile
+
     cwd = Path.cwd()
-    return subprocess.run(suite_command(pytest_args, target), cwd=cwd, env=suite_env(cwd)).returncode
+    with tempfile.TemporaryDirectory(prefix="attnconf-hypothesis-") as storage:
+        env = {**suite_env(cwd), "HYPOTHESIS_STORAGE_DIRECTORY": storage}
+        return subprocess.run(suite_command(pytest_args, target), cwd=cwd, env=env).returncode
 
 
 def _backend_args(args: argparse.Namespace) -> list[str]:
     out = [f"--backend={args.backend}", f"--device={args.device}"]
-    for opt in ("kernel", "convention", "capabilities", "impl"):
+    for opt in ("kernel", "convention", "capabilities", "impl", "divergences_dir"):
         value = getattr(args, opt, None)
         if value:
-            out.append(f"--{opt}={value}")
+            out.append(f"--{opt.replace('_', '-')}={value}")
     if getattr(args, "isolate", False):
         out.append("--isolate")
     return out
@@ -127,7 +134,7 @@ def certify(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_path, md_path, json_path = out / "run.json", out / "certificate.md", out / "certificate.json"
-    for stale in (run_path, md_path, json_path):   # a failed run must never leave an old verdict behind
+    for stale in (run_path, md_path, json_path, md_path.with_suffix(".svg")):   # a failed run must never leave an old verdict behind
         stale.unlink(missing_ok=True)
     pytest_args = [*_backend_args(args), f"--hypothesis-profile={args.profile}", f"--report={run_path.resolve()}",
                    f"--failures-dir={(out / 'failures').resolve()}", "-q", *args.pytest_args]
@@ -148,7 +155,7 @@ def certify(args: argparse.Namespace) -> int:
     certificate.write_files(run, md_path, json_path)
     verdict = run["verdict"]
     print(f"verdict: {verdict_line(verdict)}")
-    print(f"certificate: {md_path} (JSON: {json_path}); run file: {run_path}")
+    print(f"certificate: {md_path} (JSON: {json_path}, badge: {md_path.with_suffix('.svg')}); run file: {run_path}")
     if verdict["verdict"] in PASSING and code == 0:
         return 0
     if verdict["verdict"] in PASSING:
@@ -257,6 +264,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--convention", help="how the kernel is called (default: the backend's)")
     c.add_argument("--device", default="cpu", help="cpu, cuda (torch) or gpu (jax, tensorflow); default cpu")
     c.add_argument("--capabilities", help="FILE.toml declaring the kernel's scope")
+    c.add_argument("--divergences-dir", help="folder of divergence files (default: attnconf's spec/divergences)")
     c.add_argument("--impl", help="without --kernel: only these implementations of the backend (comma-separated)")
     c.add_argument("--profile", default="ci", help="Hypothesis profile: dev, ci (default) or thorough")
     c.add_argument("--seed", type=int, help="Hypothesis seed")
@@ -277,6 +285,7 @@ def parser() -> argparse.ArgumentParser:
     y.add_argument("--kernel")
     y.add_argument("--convention")
     y.add_argument("--capabilities")
+    y.add_argument("--divergences-dir", help="the folder of divergence files the failing run used")
     y.add_argument("--impl")
     y.add_argument("--device", default="cpu")
     y.add_argument("--isolate", action="store_true")

@@ -16,10 +16,12 @@ them can be fooled or tripped by the covered elements.
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 import inspect
 import signal
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -38,6 +40,7 @@ from . import alternatives, tolerance
 from . import strategies as strategies_module
 
 MAX_SAMPLES = 100
+KEEP_OUTPUTS = 32              # kernel outputs a record keeps for diagnosing its failure (TestRecord.outputs)
 MIN_CELL_EXAMPLES = 3          # Hypothesis examples per (test, implementation, dtype) cell, at least
 
 
@@ -115,6 +118,8 @@ class Session:
     options: dict[str, Any] = field(default_factory=dict)
     # (implementation, clause, dtype) -> examples that checked it so far in cells sharing the floor (cell_minimum)
     floor_checked: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    # (implementation, dtype) -> clause -> examples so far that exercised the clause's subject (subject_shortfall)
+    subject_credit: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.time() > self.deadline
@@ -143,6 +148,11 @@ class TestRecord:
     panel: list[dict[str, Any]] = field(default_factory=list)
     current_case: Case | None = None
     rejected: int = 0                         # unjudged examples handed back to Hypothesis for another draw
+    # the latest calls' (case, raw output): Hypothesis re-runs each failing example at the end, and the failure
+    # it reports may be an earlier one than the last example run (conformance/causes.py diagnoses it)
+    outputs: deque = field(default_factory=lambda: deque(maxlen=KEEP_OUTPUTS))
+    # "+"-joined features of the cases a judged example ran ("grads", "dbias" too) -> examples (verdict.credited)
+    checked_features: dict[str, int] = field(default_factory=dict)
     _example: dict[str, Any] = field(default_factory=dict)
 
     def begin_example(self, case) -> None:
@@ -155,6 +165,9 @@ class TestRecord:
         ex = self._example
         if ex.get("ran"):
             self.checked += 1
+            if "features" in ex:
+                sig = "+".join(sorted(ex["features"]))
+                self.checked_features[sig] = self.checked_features.get(sig, 0) + 1
         elif ex.get("unsupported"):
             self.unsupported += 1
         if ex.get("entries"):
@@ -164,12 +177,23 @@ class TestRecord:
         self._example = {}
         return bool(ex.get("ran"))
 
+    def output_of(self, case) -> np.ndarray | None:
+        """The kernel's latest raw output on `case` (the very object), if still kept."""
+        return next((out for c, out in reversed(self.outputs) if c is case), None)
+
     def note_unsupported(self, reason: str) -> None:
         self.unsupported_reasons.add(reason)
         if self._example:
             self._example["unsupported"] = True
         else:
             self.unsupported += 1
+
+    def note_features(self, case: Any, grads: bool) -> None:
+        """What a judged call of this example exercised: the case's features, and gradients if they were asked."""
+        if not self._example or not hasattr(case, "features"):
+            return
+        f = set(case.features()) | ({"grads"} | ({"dbias"} if case.bias is not None else set()) if grads else set())
+        self._example["features"] = self._example.get("features", set()) | f
 
     def note_ran(self) -> None:
         if self._example:
@@ -186,16 +210,23 @@ class TestRecord:
             self.divergent_by_entry[entry_id] = self.divergent_by_entry.get(entry_id, 0) + 1
 
     def add_judgement(self, j: tolerance.Judgement, case: Case) -> None:
+        """Keep the judgement's error ratios; a non-finite one (NaN or inf where the reference is finite) is
+        the worst there is and is kept too, so a summary never shows a small worst ratio beside such failures."""
+        r = self.ratios.setdefault(j.dtype, {"max": 0.0, "mean": 0.0, "cases": 0})
+        r["max"] = worst(r["max"], j.ratio_max)
+        r["mean"] = worst(r["mean"], j.ratio_mean)
+        r["cases"] += 1
         if not np.isfinite(j.ratio_max):
             return
-        r = self.ratios.setdefault(j.dtype, {"max": 0.0, "mean": 0.0, "cases": 0})
-        r["max"] = max(r["max"], j.ratio_max)
-        r["mean"] = max(r["mean"], j.ratio_mean)
-        r["cases"] += 1
         if len(self.samples) < MAX_SAMPLES and hasattr(case, "shape"):
             s = case.shape
             self.samples.append({"dtype": j.dtype, "quantity": j.quantity, "Lq": s["Lq"], "Lk": s["Lk"], "Dk": s["Dk"],
                                  "ratio_max": j.ratio_max, "ratio_mean": j.ratio_mean})
+
+
+def worst(a: float, b: float) -> float:
+    """The larger of two error ratios, NaN counting as the worst."""
+    return float("nan") if np.isnan(a) or np.isnan(b) else max(a, b)
 
 
 class Subject:
@@ -276,6 +307,9 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
                                  * getattr(subject.adapter, "example_budget", 1.0) / share))
 
             h = given(case=strategy)(cell_body(fn, subject, dtype))
+            top_up = hsettings(hsettings.default, max_examples=TOP_UP_DRAWS)(      # a test object of its own
+                hseed(zlib.crc32(database_key(fn, subject.name, dtype)) + (session.seed or 0))(
+                    given(case=strategy)(cell_body(fn, subject, dtype))))
             for ex in pinned:
                 if dtype is None or ex.dtype == dtype:
                     h = example(case=ex)(h)
@@ -285,7 +319,14 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             try:
                 with strategies_module.cell(dtype, scope_of(subject.adapter)):
                     try:
-                        return h()
+                        h()
+                        if dtype is not None:
+                            tally = session.subject_credit.setdefault((subject.name, dtype), {})
+                            if subject_shortfall(subject.adapter, rec, cited, tally):
+                                top_up()
+                            for c, n in subject_credit(subject.adapter, rec, cited).items():
+                                tally[c] = tally.get(c, 0) + n
+                        return None
                     except Unsatisfiable:
                         if rec.checked:        # some examples were judged: Hypothesis ran out of valid draws
                             return None
@@ -310,6 +351,30 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             test.pytestmark = fn.pytestmark
         return test
     return decorate
+
+
+TOP_UP_DRAWS = 12     # extra draws of a cell whose cases exercised a cited clause's subject too rarely
+
+
+def subject_credit(adapter: Any, rec: TestRecord, cited: Iterable[str]) -> dict[str, int]:
+    """Cited clause with a subject (spec/clauses.toml) in the implementation's scope -> the examples of this
+    record that exercise it (verdict.credited)."""
+    from .verdict import credited, out_of_scope, subjects
+
+    declared = {"kind": "sdpa", "features": sorted(getattr(adapter, "capabilities", ()))}
+    seen = {"examples_checked": rec.checked, "checked_features": rec.checked_features}
+    return {c: credited(seen, subjects()[c]) for c in set(cited)
+            if c in subjects() and not out_of_scope(subjects()[c], declared)}
+
+
+def subject_shortfall(adapter: Any, rec: TestRecord, cited: Iterable[str], earlier: dict[str, int] | None = None) -> bool:
+    """Whether a cited clause's subject was exercised by some of this cell's examples, but the cell and the
+    cells of the same clause and dtype before it (`earlier`) have fewer than MIN_CELL_EXAMPLES such examples:
+    the cell then draws TOP_UP_DRAWS more under another seed, so that a clause the strategy does reach is not
+    left below the coverage floor by the luck of the draw. None at all in this cell means its strategy is not
+    about the subject: no top-up."""
+    earlier = earlier or {}
+    return any(0 < n < MIN_CELL_EXAMPLES - earlier.get(c, 0) for c, n in subject_credit(adapter, rec, cited).items())
 
 
 def lse_need(impl: Subject, case: Case) -> frozenset[str]:
@@ -501,6 +566,7 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
     if tuple(res.out.shape) != case.out_shape:
         raise ConformanceFailure("ATTN-OP-2", f"output shape {tuple(res.out.shape)} != expected {case.out_shape}",
                                  case, adapter.name)
+    rec.outputs.append((case, np.array(res.out, dtype=np.float64)))
     if res.out_dtype != case.dtype:
         widened = [a for a in applied if a.instead == "output_float32" and res.out_dtype == "float32"]
         if not widened:
@@ -534,6 +600,7 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
             exempt[q] = m if q not in exempt else exempt[q] | m
     if exempt:
         _substitute(res, case, exempt)
+    rec.note_features(case, grads)
     rec.note_ran()
     return res
 

@@ -85,6 +85,7 @@ class RunState:
         self.interrupted = False
         self.environment: dict[str, Any] | None = None
         self.plan: list | None = None
+        self.keeper: Any = None                 # conformance.causes.Keeper: which failing cases are saved
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Collect records (with and without pytest-xdist) and keep the run file current."""
@@ -198,6 +199,8 @@ def pytest_configure(config: pytest.Config) -> None:
         entries=divs.entries, options=options)
     state = RunState(session, config)
     config.stash[SESSION_KEY] = state
+    if _by_cli(config):     # pytest's own lines name tests from the caller's folder: ../../site-packages/...
+        config.cwd_relative_nodeid = lambda nodeid: nodeid
     settings.load_profile(config.getoption("--hypothesis-profile", default=None) or "dev")
     if getattr(config, "workerinput", None) is None:
         config.pluginmanager.register(state, "attnconf-run")
@@ -480,6 +483,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         case = getattr(exc, "case", None) or rec.current_case
         if case is not None:
             record["case"] = case.summary()
+            record["cause"], kept = _cause(state, rec, case, clause)
+            if kept is not None:      # this cause and this clause have a saved case already: point at it
+                record["failure_file"], record["replay"] = kept
+                return _with_record(report, record, rec)
             try:
                 path = _save_failure(item, case)
             except Exception as err:  # never lose the record because a case could not be saved
@@ -487,9 +494,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             else:
                 record["failure_file"] = str(path)
                 record["replay"] = _replay_command(item, path)
+                state.keeper.keep(record["cause"], clause or "ATTN-OP-1", record["failure_file"], record["replay"])
                 report.sections.append(("attnconf replay", f"saved case: {path}\nreplay: {record['replay']}"))
+    return _with_record(report, record, rec)
+
+
+def _with_record(report: pytest.TestReport, record: dict[str, Any], rec) -> pytest.TestReport:
+    """Attach the record; the kernel outputs the test item kept for diagnosing are no longer needed."""
+    if rec is not None:
+        rec.outputs.clear()
     report.user_properties.append(("attnconf", record))
     return report
+
+
+def _cause(state: RunState, rec: "harness.TestRecord", case, clause: str | None) -> tuple[str, tuple | None]:
+    """The failure's cause (conformance/causes.py) and, if its cause and clause have a saved case, that case."""
+    from . import causes
+
+    if state.keeper is None:
+        state.keeper = causes.Keeper()
+    try:
+        cause = causes.diagnose(case, rec.output_of(case), clause, others=rec.outputs)
+    except Exception:   # noqa: BLE001 (a diagnosis must never lose the record)
+        cause = f"{causes.UNEXPLAINED}:{clause or 'ATTN-OP-1'}"
+    return cause, state.keeper.existing(cause, clause or "ATTN-OP-1")
 
 
 def _primary(exc: BaseException) -> BaseException:
@@ -522,6 +550,7 @@ def _record(item: pytest.Item, rec: "harness.TestRecord | None", status: str, me
         "examples_divergent": rec.divergent if rec else 0,
         "divergent_by_entry": dict(rec.divergent_by_entry) if rec else {},
         "conformed_in_region": dict(rec.conformed_in_region) if rec else {},
+        "checked_features": dict(rec.checked_features) if rec else {},
         "unsupported_reasons": sorted(rec.unsupported_reasons)[:10] if rec else ([message] if message else []),
         "ratios": rec.ratios if rec else {}, "samples": rec.samples if rec else [],
         "observations": rec.observations if rec else [], "panel": rec.panel if rec else [],
@@ -550,22 +579,36 @@ def _save_failure(item: pytest.Item, case) -> Path:
     return case.save(path)
 
 
+SUITE_INI = "pytest-attnconf.ini"     # the configuration `attnconf certify` and `attnconf replay` run the suite with
+
+
+def _by_cli(config: pytest.Config) -> bool:
+    """Whether `attnconf certify` / `replay` started this run (their -c ini, the suite folder as rootdir)."""
+    return config.inipath is not None and config.inipath.name == SUITE_INI
+
+
 def _replay_command(item: pytest.Item, path: Path) -> str:
-    """The command that replays `path`: pytest from a checkout, `attnconf replay` from an installed suite."""
+    """The command that replays `path`: pytest from a checkout, `attnconf replay` from an installed suite or a
+    run that `attnconf certify` started (its node ids are relative to the suite folder, not to the caller)."""
     cfg = item.config
-    if IN_CHECKOUT:
+    if IN_CHECKOUT and not _by_cli(cfg):
         parts = [sys.executable, "-m", "pytest", item.nodeid, f"--backend={cfg.getoption('--backend')}",
                  f"--device={cfg.getoption('--device')}"]
     else:
-        parts = ["attnconf", "replay", str(path), "--backend", cfg.getoption("--backend"), "--test", item.nodeid,
+        parts = [*((sys.executable, "-m", "attnconf") if IN_CHECKOUT else ("attnconf",)), "replay", str(path), "--backend", cfg.getoption("--backend"), "--test", item.nodeid,
                  "--device", cfg.getoption("--device")]
         if cfg.getoption("--kernel"):
             parts += ["--kernel", cfg.getoption("--kernel")]
             for opt in ("--convention", "--capabilities"):
                 if cfg.getoption(opt):
-                    parts += [opt, cfg.getoption(opt)]
+                    parts += [opt, str(Path(cfg.getoption(opt)).resolve()) if opt == "--capabilities"
+                              else cfg.getoption(opt)]
         else:
             parts += ["--impl", _impl_of(item)]
+        if cfg.getoption("--divergences-dir"):
+            parts += ["--divergences-dir", str(Path(cfg.getoption("--divergences-dir")).resolve())]
+        if cfg.getoption("--isolate"):
+            parts.append("--isolate")
         return " ".join(shlex.quote(p) for p in parts)
     if cfg.getoption("--kernel"):
         parts.append(f"--kernel={cfg.getoption('--kernel')}")
@@ -660,6 +703,7 @@ def _scope(adapter) -> dict[str, Any]:
 def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:
     from attnconf import spec
 
+    from .causes import group as group_causes
     from .verdict import build_cells, decide, plan
 
     state = _state(config)
@@ -679,7 +723,8 @@ def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:
     entries = {e["id"]: e for e in session.entries}
     from .declared import examples as declared_examples
     floor = spec.coverage()["min_examples"]
-    impls = {a.name: {"kind": _kind(a), "dtypes": list(getattr(a, "dtypes", ()))} for a in session.impls}
+    impls = {a.name: {"kind": _kind(a), "dtypes": list(getattr(a, "dtypes", ())),
+                      "features": sorted(getattr(a, "capabilities", ()))} for a in session.impls}
     if state.plan is None:
         state.plan = plan()
     cells = build_cells(records, impls, state.plan, entries)
@@ -715,7 +760,7 @@ def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:
         "duration_s": round(time.time() - state.started, 1),
         "environment": env, "records": records, "observations": observations, "panel": panel,
         "cells": [c.as_dict(floor) for c in sorted(cells.values(), key=lambda c: (c.implementation, c.clause, c.dtype))],
-        "divergences": divs, "verdict": v,
+        "divergences": divs, "verdict": v, "causes": group_causes(records),
     }
 
 
@@ -756,6 +801,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.INTERRUPTED if session.exitstatus == 0 else session.exitstatus
     if v == "NONCONFORMANT" and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def ratio_tail(records: list[dict[str, Any]], name: str) -> str:
+    """'; worst error ratio float32 0.412, float16 inf' for one implementation: NaN and inf (non-finite output
+    where the reference is finite) count as the worst, and 3 significant digits never print a 1.75e6 as 0.00."""
+    from .harness import worst
+
+    out: dict[str, float] = {}
+    for r in records:
+        if r["implementation"] == name:
+            for dt, v in (r.get("ratios") or {}).items():
+                out[dt] = worst(out.get(dt, 0.0), float(v["max"]))
+    if not out:
+        return ""
+    return "; worst error ratio " + ", ".join(f"{d} {v:.3g}" for d, v in sorted(out.items()))
 
 
 _UNVALIDATED_SAID: list[Path] = []   # the run file that was written unvalidated, said once per process
@@ -800,15 +860,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         cells.setdefault(c["implementation"], {}).setdefault(c["status"], 0)
         cells[c["implementation"]][c["status"]] += 1
     for name in sorted(cells):
-        worst = {}
-        for r in run["records"]:
-            if r["implementation"] == name:
-                for dt, v in r["ratios"].items():
-                    worst[dt] = max(worst.get(dt, 0.0), v["max"])
-        tail = ("; worst error ratio " + ", ".join(f"{d} {v:.2f}" for d, v in sorted(worst.items()))) if worst else ""
+        tail = ratio_tail(run["records"], name)
         tr.write_line(f"  {name}: clause x dtype cells " + ", ".join(f"{n} {s}" for s, n in sorted(cells[name].items()))
                       + tail)
     v = run["verdict"]
+    from attnconf.reports.causes import cause_line
+
+    for g in run.get("causes") or []:
+        tr.write_line(f"  CAUSE {cause_line(g)}", red=g.get("declaration") is None, yellow=g.get("declaration") is not None)
+        if g.get("replay"):
+            tr.write_line(f"    replay: {g['replay']}")
     for f in v.get("failures", []):
         tr.write_line(f"  FAILED {f['clause']} ({f['implementation']}, {f['dtype']}): {f.get('message')}")
         if f.get("case"):

@@ -66,10 +66,18 @@ def phi(t: float) -> float:
     return 1 / np.e if t > 1 / np.e else (0.0 if t <= 0 else float(-t * np.log(t)))
 
 
+def weight_sign_problem(w: np.ndarray) -> str:
+    """Why `w >= 0` fails: NaN weights are named as NaN (they are not negative), else the most negative one."""
+    nan = np.isnan(w)
+    if nan.any():
+        return (f"{int(nan.sum())} weight(s) are NaN, first at {tuple(int(i) for i in np.argwhere(nan)[0])} "
+                f"(a weight is a probability: finite and >= 0)")
+    return f"negative weight {w.min():.3g} at {tuple(int(i) for i in np.unravel_index(np.argmin(w), w.shape))}"
+
+
 def check_exact(w: np.ndarray, case: Case, impl: Adapter) -> None:
     """Non-negative everywhere; exactly 0 on invisible keys (and above the aligned causal diagonal)."""
-    expect(bool((w >= 0).all()), "ATTN-W-1", f"negative weight {w.min():.3g} at "
-           f"{tuple(int(i) for i in np.unravel_index(np.argmin(w), w.shape))}", case, impl)
+    expect(bool((w >= 0).all()), "ATTN-W-1", weight_sign_problem(w), case, impl)
     hidden = ~oracle(case).visible
     leak = hidden & (w != 0)
     expect(not leak.any(), "ATTN-W-2", f"{int(leak.sum())} invisible key(s) with nonzero weight, first at "

@@ -8,9 +8,10 @@ was not run rather than disappearing.
 
     failing      a test failed on this clause at this dtype (the first failing case is kept)
     divergent    a declared divergence covered elements here, and they behaved as documented
-    conformant   at least `floor` examples checked the clause here, none failed
+    conformant   at least `floor` examples that exercise the clause's subject checked it here, none failed
     below_floor  fewer examples than the floor checked it
-    unsupported  the implementation declared every example here out of its scope
+    unsupported  the implementation declared every example here out of its scope, or the clause's subject
+                 (spec/clauses.toml: mask, bias, padding, GQA, gradients, ...) lies outside its declared scope
     not_run      no test of this clause ran here
 
 The verdict is NONCONFORMANT if any cell fails; otherwise INCOMPLETE if the run was cut short, ran
@@ -20,6 +21,7 @@ change a verdict.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -71,6 +73,40 @@ def plan() -> list[PlannedTest]:
     return out
 
 
+@functools.cache
+def subjects() -> dict[str, tuple[str, ...]]:
+    """Clause id -> its subject (spec/clauses.toml `subject`): the features an example must exercise to
+    count for the clause, each item "a|b" held by either."""
+    from attnconf import spec
+
+    return {cid: tuple(c["subject"]) for cid, c in spec.clauses().items() if c.get("subject")}
+
+
+def _holds(subject: tuple[str, ...], features: set[str] | frozenset[str]) -> bool:
+    return all(set(item.split("|")) & features for item in subject)
+
+
+def credited(record: dict[str, Any], subject: tuple[str, ...] | None) -> int:
+    """The examples of a record that count for a clause with this subject: its judged examples minus those
+    whose features (`checked_features`, "+"-joined feature sets -> count, kept by harness.run) lack the
+    subject. Examples judged without a recorded feature set (another path, an older run file) still count."""
+    n = record.get("examples_checked", 0)
+    if not subject:
+        return n
+    for sig, k in (record.get("checked_features") or {}).items():
+        if not _holds(subject, set(filter(None, sig.split("+")))):
+            n -= k
+    return max(n, 0)
+
+
+def out_of_scope(subject: tuple[str, ...] | None, info: dict[str, Any]) -> bool:
+    """An SDPA implementation whose declared features lack every feature of some item of the subject has the
+    clause out of its scope: no example can credit it, and its cell is out of scope, not unchecked."""
+    if not subject or info.get("kind") == "layer" or info.get("features") is None:
+        return False
+    return not _holds(subject, set(info["features"]))
+
+
 @dataclass
 class Cell:
     implementation: str
@@ -85,12 +121,15 @@ class Cell:
     divergences: set[str] = field(default_factory=set)
     first_failure: dict[str, Any] | None = None
     unsupported_reasons: set[str] = field(default_factory=set)
+    out_of_scope: bool = False          # the clause's subject is outside the declared scope (`out_of_scope`)
 
     def status(self, floor: int) -> str:
         if self.failed:
             return "failing"
         if self.divergent:
             return "divergent"
+        if self.out_of_scope:
+            return "unsupported"
         judged = self.checked
         if judged >= (1 if self.dtype == ANY else floor):
             return "conformant"
@@ -112,13 +151,17 @@ class Cell:
 def build_cells(records: list[dict[str, Any]], impls: dict[str, dict[str, Any]], planned: list[PlannedTest],
                 entries: dict[str, dict[str, Any]]) -> dict[tuple[str, str, str], Cell]:
     """Cells from the records, plus a not-run cell for every planned (test, clause, dtype) of each
-    implementation that no record covers. `impls` maps implementation name -> {"kind", "dtypes"}."""
+    implementation that no record covers. `impls` maps implementation name -> {"kind", "dtypes"} and, where
+    known, "features" (its declared capabilities): a clause whose subject lies outside them is out of scope.
+    A record's examples count for a clause only where they exercise its subject (`credited`)."""
     cells: dict[tuple[str, str, str], Cell] = {}
+    subject = subjects()
 
     def cell(impl: str, clause: str, dtype: str) -> Cell:
         key = (impl, clause, dtype)
         if key not in cells:
-            cells[key] = Cell(impl, clause, dtype)
+            cells[key] = Cell(impl, clause, dtype,
+                              out_of_scope=out_of_scope(subject.get(clause), impls.get(impl, {})))
         return cells[key]
 
     ran: set[tuple[str, str, str]] = set()
@@ -135,7 +178,7 @@ def build_cells(records: list[dict[str, Any]], impls: dict[str, dict[str, Any]],
                 continue
             if r["status"] == "not_requested":
                 continue
-            x.checked += r.get("examples_checked", 0)
+            x.checked += credited(r, subject.get(c))
             x.unsupported += r.get("examples_unsupported", 0)
             x.unsupported_reasons.update(r.get("unsupported_reasons", []))
             if r["status"] == "unsupported" and not r.get("examples_unsupported"):

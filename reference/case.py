@@ -283,13 +283,31 @@ class Case:
             p["packing"] = dict(self.packing)
         return p
 
+    def strides(self) -> dict[str, list[int]]:
+        """The element strides of q, k and v as the case's layout lays them out (B, H, L, D order): what a
+        kernel that reads memory by strides saw, beyond the layout's name. contiguous: row-major;
+        noncontiguous: the (B, L, H, D) projection layout seen as (B, H, L, D); broadcast_kv: k and v with
+        stride 0 over the batch."""
+        out = {}
+        for name in ("q", "k", "v"):
+            B, H, L, D = getattr(self, name).shape
+            if self.layout == "noncontiguous":
+                out[name] = [L * H * D, D, H * D, 1]
+            elif self.layout == "broadcast_kv" and name != "q":
+                out[name] = [0, L * D, D, 1]
+            else:
+                out[name] = [H * L * D, L * D, D, 1]
+        return out
+
     # ---- persistence (plain .npz, loadable without attnconf) -----------
     def save(self, path: str | Path) -> Path:
-        """Write the case as .npz: arrays by name plus a JSON `params` entry."""
+        """Write the case as .npz: arrays by name, a JSON `params` entry and, beside it, a JSON `strides`
+        entry (the layout's strides, `strides()`; outside `params`, so a case's digest does not change)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {n: getattr(self, n) for n in _ARRAYS if getattr(self, n) is not None}
-        np.savez(path, params=np.array(json.dumps(self._params())), **arrays)
+        np.savez(path, params=np.array(json.dumps(self._params())), strides=np.array(json.dumps(self.strides())),
+                 **arrays)
         return path
 
     @classmethod

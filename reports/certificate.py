@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from attnconf.reports import badge
+from attnconf.reports.causes import cause_line
 from attnconf.reports.markdown import md
 from attnconf.reports.merge import (ALL_DTYPES, Clause, environment_rows, format_ratio, load_clauses, scope_sentence,
                                     worst_ratio)
@@ -66,6 +68,7 @@ def build(run: dict[str, Any], clauses: list[Clause] | None = None) -> dict[str,
         "scopes": scopes,
         "cells": cells,
         "cells_by_status": by_state,
+        "causes": run.get("causes") or [],
         "divergences": [d for d in run.get("divergences") or [] if d.get("observed") or d.get("witness_status")],
         "ratios": ratios_by_dtype(run),
         "environment": env,
@@ -89,6 +92,13 @@ def render_markdown(cert: dict[str, Any], clauses: list[Clause] | None = None) -
     lines += declared_lines(cert)
     if v.get("incomplete_reasons"):
         lines += ["", "**Why INCOMPLETE:** " + md("; ".join(v["incomplete_reasons"]))]
+    if cert.get("causes"):
+        lines += ["", "### Causes (one line per behaviour that explains failures)", ""]
+        for g in cert["causes"]:
+            decl = f"; documented behaviour? declare `{g['declaration']}`" if g.get("declaration") else ""
+            lines.append(f"- {md(cause_line({**g, 'declaration': None}))}{decl}")
+            if g.get("replay"):
+                lines.append(f"  - case `{md(g.get('failure_file') or '')}`; replay: `{g['replay']}`")
     if v.get("failures"):
         lines += ["", "### Failed clauses", ""]
         for f in v["failures"]:
@@ -176,11 +186,13 @@ def write(run: dict[str, Any], out_dir: Path, clauses: list[Clause] | None = Non
 
 def write_files(run: dict[str, Any], md_path: Path, json_path: Path,
                 clauses: list[Clause] | None = None) -> tuple[Path, Path]:
-    """Write the certificate of `run` as Markdown and JSON at the given paths (`attnconf certify`)."""
+    """Write the certificate of `run` as Markdown and JSON at the given paths (`attnconf certify`), and its
+    badge as an SVG beside the Markdown (same name, .svg)."""
     clauses = clauses if clauses is not None else load_clauses()
     cert = build(run, clauses)
     for path in (md_path, json_path):
         path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(render_markdown(cert, clauses), encoding="utf-8")
+    md_path.with_suffix(".svg").write_text(badge.render(cert), encoding="utf-8")   # the README badge, beside it
     json_path.write_text(json.dumps(encode(cert), indent=1, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
     return md_path, json_path
