@@ -46,7 +46,7 @@ from .common import Convention, ConventionAdapter, bottom_right_requirements, le
 PAGE = 64
 KEYWORDS = ("q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata", "num_splits",
             "softmax_scale", "causal")
-FEATURES = frozenset({"causal_bottom_right", "gqa", "custom_scale", "cross", "dv_ne_dk", "kv_lengths", "lse"})
+FEATURES = frozenset({"causal_bottom_right", "gqa", "custom_scale", "cross", "dv_ne_dk", "kv_lengths", "lse", "latent"})
 OUTSIDE = ("gradients (no backward)", "dropout", "boolean masks", "additive bias", "query padding",
            "sliding windows", "soft cap", "ALiBi", "attention sinks", "top-left causal with len_q != len_k",
            "head dims with no latent form (Dv > 512 or Dk + Dv > 576, unless V = K[..., :512] with Dk = 576)")

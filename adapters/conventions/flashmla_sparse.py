@@ -52,7 +52,7 @@ from .common import Convention, ConventionAdapter, inputs_finite, lse_to_spec
 KEYWORDS = ("q", "kv", "indices", "sm_scale", "d_v", "attn_sink")
 FEATURES = frozenset({"mask", "causal_top_left", "causal_bottom_right", "window_top_left", "window_bottom_right",
                       "mask_with_causal", "gqa", "custom_scale", "cross", "dv_ne_dk", "q_lengths", "kv_lengths",
-                      "lse", "sinks"})
+                      "lse", "sinks", "sparse_indices", "latent"})
 OUTSIDE = ("gradients (no backward)", "dropout", "additive bias", "soft cap", "ALiBi",
            "masks that differ between the query heads of one KV head",
            "head dims with no latent form (Dv > 512 or Dk + Dv > 576, unless V = K[..., :512] with Dk = 576)")
