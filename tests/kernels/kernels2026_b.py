@@ -148,9 +148,13 @@ def request_kv(cache, layout: str, pages: torch.Tensor, page_size: int, last_len
         x = x if nhd else x.transpose(1, 2)                  # (pages, page, H, D)
         return x.reshape(-1, x.shape[2], x.shape[3]).transpose(0, 1)
     n_pages = int(pages.numel())
-    size = 16 if defects.page_size_16 else page_size
     n = 0 if n_pages == 0 else (n_pages * page_size if defects.last_page_full or defects.next_page_read
-                                else (n_pages - 1) * size + last_len)
+                                else (n_pages - 1) * page_size + last_len)
+    if defects.page_size_16:                                  # slot of key t: page t // 16, offset t % 16
+        t = torch.arange(n)
+        def gather(c: torch.Tensor) -> torch.Tensor:          # noqa: F811
+            flat = (c if nhd else c.transpose(1, 2)).reshape(-1, c.shape[2 if nhd else 1], c.shape[3])
+            return flat[(pages.long()[t // 16] * 16 + t % 16) % flat.shape[0]].transpose(0, 1)
     return gather(k_cache)[:, :n], gather(v_cache)[:, :n]
 
 
