@@ -119,24 +119,19 @@ def plan_and_run(ad: ConventionAdapter, layout: str, plan_args: tuple, plan_kwar
     except Exception as exc:
         raise KernelError(f"wrapper construction or plan raised {type(exc).__name__}: {first_line(exc)}") from exc
 
-    def run(q, paged_kv_cache, return_lse):
-        return wrapper.run(q, paged_kv_cache, return_lse=return_lse)
+    if isinstance(cache, torch.Tensor):
+        kwargs = {"q": q, "paged_kv_cache": cache, "return_lse": want_lse}
+
+        def run(q, paged_kv_cache, return_lse):
+            return wrapper.run(q, paged_kv_cache, return_lse=return_lse)
+    else:                       # the (k_cache, v_cache) tuple, watched as two tensors
+        kwargs = {"q": q, "k_cache": cache[0], "v_cache": cache[1], "return_lse": want_lse}
+
+        def run(q, k_cache, v_cache, return_lse):
+            return wrapper.run(q, (k_cache, v_cache), return_lse=return_lse)
     saved, ad.fn = ad.fn, run
     try:
-        k_v = {"paged_kv_cache": cache} if isinstance(cache, torch.Tensor) else {}
         with torch.no_grad():
-            if k_v:
-                return ad.invoke({"q": q, **k_v, "return_lse": want_lse}, None)
-            return _invoke_tuple(ad, q, cache, want_lse)
+            return ad.invoke(kwargs, None)
     finally:
         ad.fn = saved
-
-
-def _invoke_tuple(ad: ConventionAdapter, q: torch.Tensor, cache: tuple, want_lse: bool) -> Any:
-    """ad.invoke with the (k_cache, v_cache) tuple watched as two tensors."""
-    inner = ad.fn
-
-    def run(q, k_cache, v_cache, return_lse):
-        return inner(q, (k_cache, v_cache), return_lse)
-    ad.fn = run
-    return ad.invoke({"q": q, "k_cache": cache[0], "v_cache": cache[1], "return_lse": want_lse}, None)
