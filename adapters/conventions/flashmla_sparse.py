@@ -96,6 +96,10 @@ class FlashMLASparse(Convention):
         ok = mla_latent.expressible(case)
         if ok is not True:
             return ok
+        if case.sinks is not None and case.dtype == "float64":     # below float64 the float32 sink is exact enough
+            sinks = np.asarray(case.sinks, dtype=np.float64)
+            if not np.array_equal(sinks.astype(np.float32).astype(np.float64), sinks, equal_nan=True):
+                return "float64 sinks that float32 cannot hold (the convention's attn_sink is float32)"
         s = case.shape
         g = s["Hq"] // s["Hkv"]
         vis = case_visibility(case).reshape(s["B"], s["Hkv"], g, s["Lq"], s["Lk"])
