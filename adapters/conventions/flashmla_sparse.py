@@ -166,13 +166,18 @@ class FlashMLASparse(Convention):
 
 def check_max_logits(m: np.ndarray, lse: np.ndarray, vis: np.ndarray, case: Case, name: str) -> None:
     """ATTN-SPARSE-3, what the adapter can say without the reference: -inf exactly on rows with no valid index,
-    finite elsewhere (for finite inputs); its value against the reference is conformance/test_sparse.py's."""
+    finite elsewhere (for finite inputs); its value against the reference is conformance/test_sparse.py's.
+    A finite max_logits on a row with no valid index is a key read through an invalid index (ATTN-SPARSE-2)."""
     empty = ~vis.any(axis=-1)
     bad = (np.isneginf(m) != empty) | np.isnan(m) | np.isposinf(m)
     if not inputs_finite(case):
         bad &= ~np.isnan(m)
     if bad.any():
         r, h = (int(i) for i in np.argwhere(bad)[0])
+        if empty[r, h] and np.isfinite(m[r, h]):     # a logit where no index is valid: an invalid index was read
+            raise ConventionViolation("ATTN-SPARSE-2", f"max_logits is {m[r, h]} at query row {r}, head {h}, which "
+                                      "has no valid index: the kernel scored a key named by -1 or an index >= s_kv "
+                                      f"({int(bad.sum())} such value(s))")
         want = "-inf (no valid index)" if empty[r, h] else "the largest scaled logit (finite)"
         raise ConventionViolation("ATTN-SPARSE-3", f"max_logits is {m[r, h]} at query row {r}, head {h}; the {name} "
                                   f"convention gives {want} ({int(bad.sum())} such value(s))")
