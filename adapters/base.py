@@ -49,6 +49,8 @@ CAPABILITIES = frozenset({
     "varlen",          # packed variable-length batch: cu_seqlens (ATTN-VARLEN-*)
     "paged",           # paged KV cache: block_table into physical blocks (ATTN-PAGED-1, -2)
     "kvcache_append",  # new k/v written into the cache in place and attended to (ATTN-PAGED-3)
+    "sparse_indices",  # keys chosen by top-k index lists, -1 = invalid (ATTN-SPARSE-*, flashmla_sparse)
+    "latent",          # MLA's absorbed form: V is a prefix of the key's latent row (ATTN-MLA-1, flashmla_*)
 })
 # What a declared scope says besides features (adapters/scope.py); `scope()` uses the same words.
 SCOPE_KEYS = ("dtypes", "grads", "dropout", "features", "head_dims", "max_seqlen")

@@ -10,6 +10,9 @@
   context parallelism, flash-attention's `combine` kernel) into attention over their union
   (ATTN-LSE-4). A chunk in which a row sees no key has out 0 and lse -inf and gets weight 0; a row that
   sees no key in any chunk stays out 0, lse -inf. A sink is a chunk of its own: out 0, lse = sink.
+  A chunk with lse +inf holds all the mass (ATTN-LSE-6): the merge's lse is +inf and its output that
+  chunk's (the mean of such chunks'); +inf is never read as an empty chunk. `merge_states` is the
+  two-part form (vLLM's `merge_attn_states`), `empty_as_spec` maps a convention's empty-row sentinel.
 """
 from __future__ import annotations
 
@@ -53,8 +56,29 @@ def merge_partials(outs: Sequence[np.ndarray], lses: Sequence[np.ndarray]) -> tu
         live = total > 0
         lse = np.where(live, m_safe + np.log(np.where(live, total, 1.0)), -np.inf)
         frac = np.where(live, w / np.where(live, total, 1.0), 0.0)
+        # an lse of +inf holds all the mass (ATTN-LSE-6): the +inf parts share the weight, never read as empty
+        infinite = np.isposinf(l)
+        n_inf = infinite.sum(axis=0)
+        frac = np.where(n_inf > 0, infinite / np.maximum(n_inf, 1), frac)
+        lse = np.where(n_inf > 0, np.inf, lse)
         out = (frac[..., None] * np.where(frac[..., None] > 0, o, 0.0)).sum(axis=0)
     return out, lse
+
+
+def merge_states(out_a, lse_a, out_b, lse_b) -> tuple[np.ndarray, np.ndarray]:
+    """Two attention states over disjoint key sets merged into the state over their union (ATTN-LSE-6), in the
+    spec's terms (natural log, -inf = no key): vLLM's `merge_attn_states` of a prefix and a suffix, once their
+    lse has been mapped by `empty_as_spec`."""
+    return merge_partials([out_a, out_b], [lse_a, lse_b])
+
+
+def empty_as_spec(lse, empty: float) -> np.ndarray:
+    """A convention's lse with `empty` (+inf for flash-attention and FlashMLA) for a row without keys, in the
+    spec's terms: that value becomes -inf (ATTN-LSE-2, -5). Only a convention whose empty row is +inf has
+    an lse of +inf that means "no key"; in the spec's terms +inf is an infinite mass."""
+    lse = np.array(lse, dtype=np.float64)
+    lse[lse == empty] = -np.inf
+    return lse
 
 
 def add_sink(out: np.ndarray, lse: np.ndarray, sink) -> tuple[np.ndarray, np.ndarray]:

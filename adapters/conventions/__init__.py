@@ -11,6 +11,10 @@ terms (layout, log base, the value of an empty row):
 | `flash_attn_kvcache` | `flash_attn.flash_attn_with_kvcache` | `flash_attn_kvcache.py` |
 | `flashinfer_prefill` | `flashinfer.single_prefill_with_kv_cache` | `flashinfer_prefill.py` |
 | `flashinfer_decode` | `flashinfer.single_decode_with_kv_cache` | `flashinfer_decode.py` |
+| `flashmla_kvcache` | `flash_mla.flash_mla_with_kvcache` (+ its module's `get_mla_metadata`) | `flashmla_kvcache.py` |
+| `flashmla_sparse` | `flash_mla.flash_mla_sparse_fwd` | `flashmla_sparse.py` |
+| `flashinfer_batch_prefill` | `flashinfer.BatchPrefillWithPagedKVCacheWrapper` (the class) | `flashinfer_batch_prefill.py` |
+| `flashinfer_batch_decode` | `flashinfer.BatchDecodeWithPagedKVCacheWrapper` (the class) | `flashinfer_batch_decode.py` |
 
 `common.py` holds what they share: the `Convention` description (what it can
 express, its default scope, what lies outside it) and `ConventionAdapter`, the
@@ -27,6 +31,11 @@ MODULES = {
     "flash_attn_kvcache": "flash_attn_kvcache",
     "flashinfer_prefill": "flashinfer_prefill",
     "flashinfer_decode": "flashinfer_decode",
+    # issue 26, part b: MLA, DeepSeek sparse attention, FlashInfer's paged batch wrappers
+    "flashmla_kvcache": "flashmla_kvcache",
+    "flashmla_sparse": "flashmla_sparse",
+    "flashinfer_batch_prefill": "flashinfer_batch_prefill",
+    "flashinfer_batch_decode": "flashinfer_batch_decode",
 }
 NAMES = tuple(MODULES)
 
