@@ -16,14 +16,8 @@ import pytest
 
 from attnconf import spec
 from attnconf.reference import Case, backward, oracle
-from bench.runner import run_suite
+from bench.clause_proof import NO_KERNEL_FORM, proof_run
 from tests.kernels import by_clause, clause_bugs
-
-# Normative clauses whose implementations the kernel catalogue cannot express yet, with the reason.
-# ATTN-MHA-1 is a requirement on multi-head attention *layers*; `--kernel` loads SDPA kernels only.
-NO_KERNEL_FORM = {"ATTN-MHA-1": "a layer requirement: --kernel cannot load a layer implementation"}
-# proof runs that need an option beyond the kernel's own (the long tests skip without --long)
-PROOF_OPTIONS = {"ATTN-LONG-1": ("--long",)}
 
 
 def test_every_normative_clause_has_a_catalogue_kernel():
@@ -121,13 +115,6 @@ def test_clause_bug_differs_from_the_reference_on_its_witness(name):
 
 
 # ---- the proof (slow: one restricted suite run per normative clause) ------------------------------
-def proof_run(clause: str, report):
-    """The suite, restricted to the tests citing `clause`, on the clause's first catalogue kernel (-x)."""
-    k = by_clause.witness(clause)
-    extra = (*k.suite_args(), *PROOF_OPTIONS.get(clause, ()), "-k", by_clause.selection(clause))
-    return k, run_suite(k.backend, report, kernel=k.spec, stop_at_first=True, extra=extra)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("clause", [c for c in spec.normative() if c not in NO_KERNEL_FORM])
 def test_suite_catches_a_kernel_on_its_clause(clause, tmp_path, record_property):
