@@ -22,6 +22,7 @@ import numpy as np
 from hypothesis import reject
 from hypothesis import strategies as st
 
+from attnconf.conformance import boundaries
 from attnconf.reference import DTYPES, Case
 
 BUDGET = 1_500_000
@@ -137,6 +138,14 @@ def shapes(draw, *, gqa: bool = True, cross: bool = True, dv_ne_dk: bool = True,
            same_d: bool = False) -> dict[str, int]:
     cross, gqa = cross and allows("cross"), gqa and allows("gqa")
     dv_ne_dk = dv_ne_dk and allows("dv_ne_dk")
+    if draw(st.integers(0, 7)) == 0:           # a branch point of real kernels, past the size budget
+        s = draw(boundaries.boundary_shapes(gqa=gqa, cross=cross, dv_ne_dk=dv_ne_dk and not same_d, max_len=max_len,
+                                            head_dims=_limit("head_dims"), max_seqlen=_limit("max_seqlen"),
+                                            max_head_dim=_limit("max_head_dim")))
+        if s is not None:
+            if _limit("kv_covers_q") and s["Lk"] < s["Lq"]:
+                s["Lq"], s["Lk"] = s["Lk"], s["Lq"]
+            return s
     lq = draw(lengths(max_len))
     lk = draw(lengths(max_len)) if cross and draw(st.booleans()) else lq
     cap = _limit("max_seqlen")
