@@ -98,7 +98,9 @@ def boundary_shapes(draw, *, gqa: bool, cross: bool, dv_ne_dk: bool, max_len: in
     pool = [b for b in BOUNDARIES if fits(b)]
     if not pool:
         return None
-    shape = dict(draw(st.sampled_from(pool)).shape)
+    # a wide integer reduced mod the pool: sampled_from's draws lean on its first entries (measured: in one
+    # derandomized ci run the first boundary was drawn 40 times as often as most others)
+    shape = dict(pool[draw(st.integers(0, 2**16 - 1)) % len(pool)].shape)
     if gqa and shape["Hq"] == shape["Hkv"] == 2 and draw(st.booleans()):    # the same boundary, grouped
         shape["Hkv"] = 1
     if shape["Lq"] == 8 and shape["Lk"] > 1024:            # the split-KV query block: 2 to 16 rows
