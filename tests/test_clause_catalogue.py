@@ -29,6 +29,20 @@ def test_every_normative_clause_has_a_catalogue_kernel():
     assert set(NO_KERNEL_FORM) <= set(spec.normative())
 
 
+def test_the_measured_proof_shows_every_normative_clause_caught():
+    """bench/clause_proof.json (`python -m bench.clause_proof`, or the slow test below) records, for each
+    normative clause, a catalogue kernel of that clause that the tests citing it caught."""
+    import json
+
+    from bench.clause_proof import OUT
+
+    runs = json.loads(OUT.read_text())["clauses"]
+    kernels = {k.spec: k.clause for k in by_clause.kernels()}
+    bad = {c: runs.get(c) for c in spec.normative() if c not in NO_KERNEL_FORM
+           and not (runs.get(c, {}).get("caught") and kernels.get(runs[c]["kernel"], c) == c)}
+    assert not bad, f"normative clauses the measured proof does not show caught: {sorted(bad)}"
+
+
 def test_every_catalogue_kernel_names_a_normative_clause_some_test_cites():
     normative, cited = set(spec.normative()), by_clause.tests_citing()
     wrong = {k.spec: k.clause for k in by_clause.kernels() if k.clause not in normative or k.clause not in cited}
