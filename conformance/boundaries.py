@@ -10,7 +10,7 @@ that draws its shapes there (plain, masks, sinks, ALiBi, windows, GQA, gradients
 
 `note(case)` records, when ATTNCONF_BOUNDARY_LOG names a file, which boundaries each case that runs
 crosses and which families it belongs to (tests/test_boundaries.py counts them over one ci run);
-`table()` renders spec/BOUNDARIES.md.
+conformance/boundaries_table.py renders spec/BOUNDARIES.md from this declaration.
 """
 from __future__ import annotations
 
@@ -130,36 +130,3 @@ def note(case: Any) -> None:
     if hit:
         with open(path, "a") as f:
             f.write(json.dumps({"families": families(case), "crossed": hit}) + "\n")
-
-
-def table() -> str:
-    """spec/BOUNDARIES.md: every dimension's drawn range and the boundaries drawn to cross."""
-    from attnconf.conformance import strategies as sts  # noqa: PLC0415 (strategies imports this module)
-
-    ranges = [
-        ("B", f"{{1, 2, 3}} (budget shrinks it); boundary draws {sorted({b.shape['B'] for b in BOUNDARIES} - {1})}"),
-        ("Hkv", "{1, 2, 3, 8}"),
-        ("Hq / Hkv", f"{sts.GROUPS}; boundary draws up to 128 (MQA)"),
-        ("Lq, Lk", f"{sts.SMALL_LENGTHS}, {sts.MEDIUM_LENGTHS}, {sts.LARGE_LENGTHS}; "
-                   f"Lq in {sts.SHORT_QUERIES} against Lk in {sts.LONG_HISTORIES}; decode Lk to 4096"),
-        ("Dk, Dv", f"{sts.HEAD_DIMS}; boundary draws the templates {TEMPLATES}, 257, (192, 128), (576, 512)"),
-        ("page size", "paged_cases: drawn by the kvcache convention (see strategies.paged_cases)"),
-        ("window", "window_cases: each side -1, 0, or up to Lk (strategies._window_side)"),
-    ]
-    lines = ["# Shape boundaries", "",
-             "Generated from conformance/boundaries.py (`python -m attnconf.conformance.boundaries`). Each boundary",
-             "is a branch point of real kernels; strategies.shapes() draws its shape with probability 1/8, so every",
-             "family whose cases come from `shapes()` reaches it. tests/test_boundaries.py counts the crossings of",
-             "one ci run of the numpy reference.", "", "| dimension | drawn |", "|---|---|"]
-    lines += [f"| {d} | {r} |" for d, r in ranges]
-    lines += ["", "| boundary | dimension | at | kind | why | shape drawn |", "|---|---|---|---|---|---|"]
-    for b in BOUNDARIES:
-        shape = " ".join(f"{k}={v}" for k, v in b.shape.items())
-        lines.append(f"| {b.id} | {b.dim} | {b.at} | {b.kind} | {b.why} | {shape} |")
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    from pathlib import Path
-
-    (Path(__file__).resolve().parent.parent / "spec" / "BOUNDARIES.md").write_text(table())
