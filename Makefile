@@ -10,7 +10,7 @@ STAMP   := .venv/.attnconf-setup-2
 export OPENBLAS_NUM_THREADS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup lock report test test-own test-install test-suites test-catalogue test-long long clean
+.PHONY: setup lock report test test-own test-install test-suites test-catalogue test-proof test-long long clean
 
 setup: $(STAMP)
 
@@ -65,6 +65,12 @@ test-catalogue: setup
 	$(PY) -m pytest tests/test_verdicts.py tests/test_catalogue.py tests/test_catalogue_conventions.py \
 	    tests/test_variant_catalogue.py tests/test_catalogue_2026_b.py -q \
 	    -m "slow and not long" -p no:cacheprovider -n 2 --durations=10
+
+# the clause-by-clause proof, re-measured: one restricted suite run per normative clause (bench/clause_proof.json,
+# spec/PROOF.md; `make test` checks the committed measurement) and the boundary crossings of one numpy ci run
+test-proof: setup
+	$(PY) -m bench.clause_proof && $(PY) -m bench.clause_proof --render
+	$(PY) -m pytest tests/test_boundaries.py -q -m slow -p no:cacheprovider -s
 
 test-long: setup
 	$(PY) -m pytest tests/test_catalogue_conventions.py tests/test_catalogue_2026_b.py -q -m long -p no:cacheprovider -n 2

@@ -36,7 +36,7 @@ from attnconf.adapters import Adapter, KernelError, Result
 from attnconf.adapters.base import NotSupported
 from attnconf.reference import DTYPES, Case
 
-from . import alternatives, tolerance
+from . import alternatives, boundaries, tolerance
 from . import strategies as strategies_module
 
 MAX_SAMPLES = 100
@@ -518,6 +518,7 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
     call raises and it did. Checks the output contract (ATTN-OP-2 shape, ATTN-OP-5 dtype) on every
     call and the declared divergences' alternatives on the elements they cover."""
     adapter, rec, session = _parts(impl)
+    boundaries.note(case)
     try:
         ok = adapter.supports(case, need=frozenset(need) | ({"grads"} if grads else set()))
     except Exception as exc:  # the framework's own capability probe broke on this case

@@ -22,6 +22,7 @@ import numpy as np
 from hypothesis import reject
 from hypothesis import strategies as st
 
+from attnconf.conformance import boundaries
 from attnconf.reference import DTYPES, Case
 
 BUDGET = 1_500_000
@@ -150,6 +151,14 @@ def shapes(draw, *, gqa: bool = True, cross: bool = True, dv_ne_dk: bool = True,
            same_d: bool = False) -> dict[str, int]:
     cross, gqa = cross and allows("cross"), gqa and allows("gqa")
     dv_ne_dk = dv_ne_dk and allows("dv_ne_dk")
+    if draw(st.integers(0, 7)) == 0:           # a branch point of real kernels, past the size budget
+        s = draw(boundaries.boundary_shapes(gqa=gqa, cross=cross, dv_ne_dk=dv_ne_dk and not same_d, max_len=max_len,
+                                            head_dims=_limit("head_dims"), max_seqlen=_limit("max_seqlen"),
+                                            max_head_dim=_limit("max_head_dim")))
+        if s is not None:
+            if _limit("kv_covers_q") and s["Lk"] < s["Lq"]:
+                s["Lq"], s["Lk"] = s["Lk"], s["Lq"]
+            return s
     lq = draw(lengths(max_len))
     lk = draw(lengths(max_len)) if cross and draw(st.booleans()) else lq
     cap = _limit("max_seqlen")
@@ -252,8 +261,9 @@ def mask_params(draw, rng: np.random.Generator, s: dict[str, int], *, causal: bo
 def cases(draw, *, dtypes: tuple[str, ...] = DTYPES, regimes: tuple[str, ...] = REGIMES, causal: bool = True,
           masks: bool = True, padding: bool = True, bias: bool = True, empty_rows: bool = True, gqa: bool = True,
           cross: bool = True, dv_ne_dk: bool = True, same_d: bool = False, custom_scale: bool = True,
-          layouts: bool = True, grad: bool = False, max_len: int = 385) -> Case:
-    """A validated Case anywhere in the spec's domain (restrict with the keyword switches)."""
+          layouts: bool = True, grad: bool = False, max_len: int = 385, sinks: bool = False) -> Case:
+    """A validated Case anywhere in the spec's domain (restrict with the keyword switches). `sinks`: one case
+    in four gets per-head sinks where the implementation declares them (the properties hold with sinks)."""
     s = draw(shapes(gqa=gqa, cross=cross, dv_ne_dk=dv_ne_dk, max_len=max_len, same_d=same_d))
     dtype = draw(dtype_choice(dtypes))
     regime = draw(st.sampled_from(regimes))
@@ -272,7 +282,10 @@ def cases(draw, *, dtypes: tuple[str, ...] = DTYPES, regimes: tuple[str, ...] = 
             v = np.broadcast_to(v[:1], v.shape).copy()
     if grad:
         params["grad_out"] = rng.normal(size=(s["B"], s["Hq"], s["Lq"], s["Dv"]))
-    return Case.build(q, k, v, dtype=dtype, seed=seed, regime=regime, layout=layout, **params)
+    case = Case.build(q, k, v, dtype=dtype, seed=seed, regime=regime, layout=layout, **params)
+    if sinks and allows("sinks") and draw(st.integers(0, 3)) == 0:
+        case = case.replace(sinks=draw(sink_values(case)))
+    return case
 
 
 def visible_rows_only(case: Case) -> bool:
@@ -348,12 +361,12 @@ def pinned(pins: Iterable[dict[str, Any]], dtype: str | None = None) -> list[Cas
 # ---- property-module strategies (weights, causality, permutation, independence, GQA helper) ----
 
 @st.composite
-def onehot_cases(draw, *, max_len: int = 33, max_chunks: int = 4) -> Case:
+def onehot_cases(draw, *, max_len: int = 33, max_chunks: int = 4, sinks: bool = False) -> Case:
     """Small cases with Dv = Dk whose weights can be read through one-hot V in at most `max_chunks` calls.
 
     Dk is raised to ceil(Lk / max_chunks) where needed (q and k redrawn from the case's seed).
     """
-    case = draw(cases(max_len=max_len, same_d=True, dv_ne_dk=False))
+    case = draw(cases(max_len=max_len, same_d=True, dv_ne_dk=False, sinks=sinks))
     s = case.shape
     d = max(s["Dk"], -(-s["Lk"] // max_chunks))
     if d == s["Dk"]:

@@ -15,7 +15,7 @@ from attnconf.conformance.tolerance import judge_lse, judge_output
 PINNED = st.pinned(st.AGREEMENT_PINS)
 
 
-@clauses("ATTN-OP-1", "ATTN-OP-3", "ATTN-OP-4", "ATTN-DTYPE-1", "ATTN-MASK-1", "ATTN-MASK-2", "ATTN-MASK-4",
+@clauses("ATTN-OP-1", "ATTN-OP-2", "ATTN-OP-3", "ATTN-OP-4", "ATTN-DTYPE-1", "ATTN-MASK-1", "ATTN-MASK-2", "ATTN-MASK-4",
          "ATTN-MASK-6", "ATTN-CAUSAL-1", "ATTN-GQA-1", "ATTN-GQA-2", "ATTN-TOL-1", "ATTN-TOL-2", "ATTN-TOL-3",
          "ATTN-TOL-4", "ATTN-OP-8")
 @for_cases(st.cases(), examples=PINNED, weight=4)

@@ -5,9 +5,10 @@ zeros changes no float, so changing what row i cannot see (keys, values, mask
 and bias entries past a cutoff) must leave row i's bits as they were. The
 rows checked are those that see no position past the cutoff in either the
 original or the perturbed case (reference visibility), so the check needs no
-knowledge of the alignment beyond the spec's. A kernel that is not bitwise
-deterministic to begin with (ATTN-OP-7, recorded) cannot be held to bits:
-then each run is judged against the reference of its own case instead.
+knowledge of the alignment beyond the spec's. Bits are asked of every row whose
+rerun on the same input gives the same bits (ATTN-OP-7, recorded); only rows
+whose reruns differ cannot be held to bits, and the runs are then judged against
+the references of their own cases (ATTN-TOL-1) as well.
 Signed zeros compare equal: ATTN-EMPTY-1 allows either sign.
 
 PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
@@ -67,16 +68,18 @@ def cutoff(case: Case, rng: np.random.Generator) -> int:
     return int(rng.integers(lo, lk)) if lk > 1 else 0
 
 
-def deterministic(impl: Adapter, case: Case, first: np.ndarray) -> bool | None:
-    """Whether a second run on the same input gives the same values (recorded as ATTN-OP-7)."""
+def rerun(impl: Adapter, case: Case, first: np.ndarray) -> np.ndarray | None:
+    """(B, Hq, Lq): the rows a second run on the same input gives bitwise again (ATTN-OP-7 records whether
+    all do); None if the rerun did not run."""
     again = run(impl, case)
     if again is None:
         return None
-    same = bool(np.array_equal(first, again.out, equal_nan=True))
+    stable = ((first == again.out) | (np.isnan(first) & np.isnan(again.out))).all(axis=-1)
+    same = bool(stable.all())
     seen = [o for o in impl.record.observations if o["key"] == KEY]
     if not same or not seen:                     # one row per test, plus every case that was not deterministic
         observe(impl, "ATTN-OP-7", KEY, same, case)
-    return same
+    return stable
 
 
 @clauses("ATTN-CAUSAL-2", "ATTN-OP-7")
@@ -88,19 +91,18 @@ def test_future_does_not_leak(impl, case):
     res = run(impl, case)
     if res is None:
         return
-    same = deterministic(impl, case, res.out)
-    if same is None:
+    stable = rerun(impl, case, res.out)
+    if stable is None:
         return
     moved = perturb_future(case, cut, rng)
     res2 = run(impl, moved)
     if res2 is None:
         return
     sees_future = oracle(case).visible[..., cut:].any(axis=-1) | oracle(moved).visible[..., cut:].any(axis=-1)
-    rows = ~sees_future                                       # (B, Hq, Lq)
-    if not same:
+    if not stable.all():          # bitwise where reruns agree; rows whose reruns differ are held to the tolerance
         expect_close(res.out, case, impl, clause="ATTN-CAUSAL-2")
         expect_close(res2.out, moved, impl, clause="ATTN-CAUSAL-2")
-        return
+    rows = ~sees_future & stable                              # (B, Hq, Lq)
     a, b = res.out[rows], res2.out[rows]
     changed = ~((a == b) | (np.isnan(a) & np.isnan(b)))
     if changed.any():

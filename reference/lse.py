@@ -10,7 +10,7 @@
   context parallelism, flash-attention's `combine` kernel) into attention over their union
   (ATTN-LSE-4). A chunk in which a row sees no key has out 0 and lse -inf and gets weight 0; a row that
   sees no key in any chunk stays out 0, lse -inf. A sink is a chunk of its own: out 0, lse = sink.
-  A chunk with lse +inf holds all the mass (ATTN-LSE-6): the merge's lse is +inf and its output that
+  A chunk with lse +inf holds all the mass (ATTN-LSE-7): the merge's lse is +inf and its output that
   chunk's (the mean of such chunks'); +inf is never read as an empty chunk. `merge_states` is the
   two-part form (vLLM's `merge_attn_states`), `empty_as_spec` maps a convention's empty-row sentinel.
 """
@@ -56,7 +56,7 @@ def merge_partials(outs: Sequence[np.ndarray], lses: Sequence[np.ndarray]) -> tu
         live = total > 0
         lse = np.where(live, m_safe + np.log(np.where(live, total, 1.0)), -np.inf)
         frac = np.where(live, w / np.where(live, total, 1.0), 0.0)
-        # an lse of +inf holds all the mass (ATTN-LSE-6): the +inf parts share the weight, never read as empty
+        # an lse of +inf holds all the mass (ATTN-LSE-7): the +inf parts share the weight, never read as empty
         infinite = np.isposinf(l)
         n_inf = infinite.sum(axis=0)
         frac = np.where(n_inf > 0, infinite / np.maximum(n_inf, 1), frac)
@@ -66,7 +66,7 @@ def merge_partials(outs: Sequence[np.ndarray], lses: Sequence[np.ndarray]) -> tu
 
 
 def merge_states(out_a, lse_a, out_b, lse_b) -> tuple[np.ndarray, np.ndarray]:
-    """Two attention states over disjoint key sets merged into the state over their union (ATTN-LSE-6), in the
+    """Two attention states over disjoint key sets merged into the state over their union (ATTN-LSE-7), in the
     spec's terms (natural log, -inf = no key): vLLM's `merge_attn_states` of a prefix and a suffix, once their
     lse has been mapped by `empty_as_spec`."""
     return merge_partials([out_a, out_b], [lse_a, lse_b])

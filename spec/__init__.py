@@ -25,11 +25,22 @@ class SpecError(ValueError):
     """A malformed spec data file (one-line message naming file, entry and field)."""
 
 
+# A clause's level: "normative" (a kernel requirement, proven by a catalogue kernel the suite catches on it),
+# "informative" (a theorem, example or procedure a kernel cannot violate on its own), "recorded" (observed and
+# reported, never judged).
+LEVELS = ("normative", "informative", "recorded")
+
+
 @cache
 def clauses() -> dict[str, dict[str, str]]:
-    """Clause id -> {id, group, title, statement}, in spec order."""
+    """Clause id -> {id, group, title, level, statement}, in spec order."""
     data = tomllib.loads((HERE / "clauses.toml").read_text())
     return {c["id"]: c for c in data["clause"]}
+
+
+def normative() -> list[str]:
+    """The ids of the kernel requirements (level "normative"), in spec order."""
+    return [cid for cid, c in clauses().items() if c.get("level") == "normative"]
 
 
 @cache

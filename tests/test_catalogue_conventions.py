@@ -152,6 +152,8 @@ WITNESSES = {
     "paged_block_table_ignored": (lambda: case(Lk=300, packing={"page_size": 256, "block_seed": 1, "new_keys": 0}),
                                   "out"),
     "kvcache_one_key_short": (lambda: case(packing={"new_keys": 1, "page_size": 0}), "out"),
+    "paged_page_start_in_previous_block": (lambda: case(Lk=300, packing={"page_size": 256, "block_seed": 1,
+                                                                         "new_keys": 0}), "out"),
     "flashinfer_lse_natural": (lambda: case(), "lse"),
     "flashinfer_window_exclusive": (lambda: case(Lq=9, Lk=9, window=(2, -1)), "out"),
     "flashinfer_mask_ignored": (lambda: case(mask=np.random.default_rng(1).random((2, 1, 7, 9)) < 0.5), "out"),

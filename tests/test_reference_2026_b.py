@@ -1,5 +1,5 @@
 """The references of issue 26 part b against independent computations: MLA's two forms (ATTN-MLA-1, -2),
-sparse top-k as a set (ATTN-SPARSE-1..3), and the merge of attention states (ATTN-LSE-6)."""
+sparse top-k as a set (ATTN-SPARSE-1..3), and the merge of attention states (ATTN-LSE-7)."""
 from __future__ import annotations
 
 import math
@@ -98,7 +98,7 @@ def _parts(seed, n=3, rows=5, dv=4, lk=12):
     return [p.out for p in parts], [p.lse for p in parts], whole
 
 
-@pytest.mark.clauses("ATTN-LSE-6")
+@pytest.mark.clauses("ATTN-LSE-7")
 @pytest.mark.parametrize("seed", range(4))
 def test_merge_is_the_whole_commutative_and_associative(seed):
     outs, lses, whole = _parts(seed)
@@ -110,7 +110,7 @@ def test_merge_is_the_whole_commutative_and_associative(seed):
     np.testing.assert_allclose(lse2, lse, rtol=1e-14, atol=1e-14)
 
 
-@pytest.mark.clauses("ATTN-LSE-6")
+@pytest.mark.clauses("ATTN-LSE-7")
 def test_merge_with_an_empty_part_is_exact():
     outs, lses, _ = _parts(7, n=1)
     empty_out = np.full_like(outs[0], np.nan)            # an empty part's output is never read
@@ -119,7 +119,7 @@ def test_merge_with_an_empty_part_is_exact():
     np.testing.assert_array_equal(lse, lses[0])
 
 
-@pytest.mark.clauses("ATTN-LSE-6", "ATTN-LSE-5")
+@pytest.mark.clauses("ATTN-LSE-7", "ATTN-LSE-6")
 def test_plus_inf_is_all_the_mass_and_the_sentinel_is_mapped_first():
     o_a, o_b = np.array([[1.0, 2.0]]), np.array([[5.0, 7.0]])
     out, lse = merge_states(o_a, np.array([np.inf]), o_b, np.array([0.3]))

@@ -111,3 +111,44 @@ def test_the_stated_bound_is_the_factor_the_alternative_judges_with(monkeypatch)
     for bound in (1.0, 0.25):
         alternatives.ALTERNATIVES["half_accumulation"].check(_tf_half_entry(bound=bound), case, res, masks)
     assert seen == [1.0, 0.25]
+
+
+KEYWORDS = re.compile(r"\b(MUST|MUST NOT|SHOULD|SHOULD NOT|MAY)\b")
+
+
+def test_every_clause_has_a_level():
+    bad = {c: d.get("level") for c, d in spec.clauses().items() if d.get("level") not in spec.LEVELS}
+    assert not bad, f"clauses without a level in {spec.LEVELS}: {bad}"
+
+
+def test_requirements_carry_an_rfc2119_keyword_and_the_rest_say_why_they_are_not():
+    """Normative and recorded clauses state themselves with MUST / SHOULD / MAY; an informative clause states
+    no requirement (no MUST) and says after a colon, or in a sentence of its own, why it is not one."""
+    for cid, c in spec.clauses().items():
+        text = c["statement"]
+        if c["level"] == "informative":
+            assert "MUST" not in text, f"{cid}: an informative clause states a requirement"
+            assert re.search(r"(: a |: theorems? |; this describes|No test|not a proven|: a worked)", text), \
+                f"{cid}: an informative clause must say why it is not a kernel requirement"
+        else:
+            assert KEYWORDS.search(text), f"{cid}: a {c['level']} clause without an RFC 2119 keyword"
+            if c["level"] == "recorded":
+                assert "recorded" in text and "no verdict depends on it" in text, cid
+
+
+def test_spec_md_sets_informative_and_recorded_clauses_apart():
+    """SPEC.md's clause-level section lists every non-normative clause under its level, and no other."""
+    text = (ROOT / "spec" / "SPEC.md").read_text()
+    section = text[text.index("## Clause levels"):]
+    for level in ("informative", "recorded"):
+        line = next(l for l in section.splitlines() if l.startswith(f"- **{level.capitalize()}**"))
+        listed = set(re.findall(r"ATTN-[A-Z0-9]+-\d+", line))
+        want = {c for c, d in spec.clauses().items() if d["level"] == level}
+        assert listed == want, f"SPEC.md's {level} list differs from clauses.toml: {sorted(listed ^ want)}"
+
+
+def test_each_clause_is_stated_once_in_spec_md():
+    text = (ROOT / "spec" / "SPEC.md").read_text()
+    twice = [c for c in spec.clauses() if text.count(f"**{c}**") > 1]
+    assert "(ATTN-ARG-1, as the" not in text, "ATTN-ARG-1 is stated in section 24 only (issue 25)"
+    assert not twice, f"clauses stated more than once in SPEC.md: {twice}"

@@ -147,6 +147,11 @@ bug(make_flash_attn_with_kvcache(replace(block_of=lambda table, b, t, page: b * 
     doc="the paged cache ignores block_table and reads sequence b's blocks at b * blocks_per_seq + j.")
 bug(make_flash_attn_with_kvcache(replace(keys_read=lambda total, new: max(total - 1, 0)), "kvcache_one_key_short"),
     clause="ATTN-OP-1", convention="flash_attn_kvcache", doc="decoding reads one key too few (the last one).")
+bug(make_flash_attn_with_kvcache(replace(block_of=lambda table, b, t, page: table[b, (t - 1).clamp(min=0) // page]),
+                                 "paged_page_start_in_previous_block"),
+    clause="ATTN-PAGED-2", convention="flash_attn_kvcache",
+    doc="the first slot of every page after the first is looked up in the previous page's block (t - 1 in the "
+        "block index): a paged cache differs from the contiguous one, which is right.")
 
 # ---- FlashInfer ---------------------------------------------------------------------------------
 bug(make_single_prefill_with_kv_cache(replace(flashinfer_lse=lambda lse: lse), "flashinfer_lse_natural"),

@@ -1,0 +1,39 @@
+"""spec/BOUNDARIES.md, rendered from conformance/boundaries.py and the draw ranges of strategies.py.
+
+    python -m attnconf.conformance.boundaries_table
+"""
+from __future__ import annotations
+
+from attnconf.conformance import strategies as sts
+from attnconf.conformance.boundaries import BOUNDARIES, TEMPLATES
+
+
+def table() -> str:
+    """spec/BOUNDARIES.md: every dimension's drawn range and the boundaries drawn to cross."""
+    ranges = [
+        ("B", f"{{1, 2, 3}} (budget shrinks it); boundary draws {sorted({b.shape['B'] for b in BOUNDARIES} - {1})}"),
+        ("Hkv", "{1, 2, 3, 8}"),
+        ("Hq / Hkv", f"{sts.GROUPS}; boundary draws up to 128 (MQA)"),
+        ("Lq, Lk", f"{sts.SMALL_LENGTHS}, {sts.MEDIUM_LENGTHS}, {sts.LARGE_LENGTHS}; "
+                   f"Lq in {sts.SHORT_QUERIES} against Lk in {sts.LONG_HISTORIES}; decode Lk to 4096"),
+        ("Dk, Dv", f"{sts.HEAD_DIMS}; boundary draws the templates {TEMPLATES}, 257, (192, 128), (576, 512)"),
+        ("page size", "paged_cases: drawn by the kvcache convention (see strategies.paged_cases)"),
+        ("window", "window_cases: each side -1, 0, or up to Lk (strategies._window_side)"),
+    ]
+    lines = ["# Shape boundaries", "",
+             "Generated from conformance/boundaries.py (`python -m attnconf.conformance.boundaries_table`). Each boundary",
+             "is a branch point of real kernels; strategies.shapes() draws its shape with probability 1/8, so every",
+             "family whose cases come from `shapes()` reaches it. tests/test_boundaries.py counts the crossings of",
+             "one ci run of the numpy reference.", "", "| dimension | drawn |", "|---|---|"]
+    lines += [f"| {d} | {r} |" for d, r in ranges]
+    lines += ["", "| boundary | dimension | at | kind | why | shape drawn |", "|---|---|---|---|---|---|"]
+    for b in BOUNDARIES:
+        shape = " ".join(f"{k}={v}" for k, v in b.shape.items())
+        lines.append(f"| {b.id} | {b.dim} | {b.at} | {b.kind} | {b.why} | {shape} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    (Path(__file__).resolve().parent.parent / "spec" / "BOUNDARIES.md").write_text(table())
