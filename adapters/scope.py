@@ -206,7 +206,8 @@ FEATURE_WORDS = {
     "dbias": "bias gradient", "noncontiguous": "non-contiguous inputs", "broadcast_kv": "broadcast K/V",
     "window_top_left": "sliding window top-left", "window_bottom_right": "sliding window bottom-right",
     "softcap": "softcap", "alibi": "ALiBi", "alibi_top_left": "ALiBi distances aligned top-left",
-    "sinks": "attention sinks", "varlen": "variable-length packing",
+    "sinks": "attention sinks", "chunk_bottom_right": "chunked local attention bottom-right",
+    "chunk_top_left": "chunked local attention top-left", "varlen": "variable-length packing",
     "paged": "paged KV cache", "kvcache_append": "KV-cache append", "grads": "gradients", "dropout": "dropout",
 }
 
