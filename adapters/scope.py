@@ -193,8 +193,16 @@ def declare(adapter: Adapter, fn: Any, capabilities_file: str | None, *,
         adapter.scope_source = f"full {adapter.convention or 'calling'} convention (no declaration)"
         return adapter
     decl, source = found
-    return apply(adapter, parse(decl, source=source, full=Scope.of(adapter), expressible=expressible,
-                                convention=adapter.convention or adapter.backend))
+    apply(adapter, parse(decl, source=source, full=Scope.of(adapter), expressible=expressible,
+                         convention=adapter.convention or adapter.backend))
+    if isinstance(decl, dict) and ("quantization" in decl or "accuracy" in decl):
+        from attnconf.conformance.alternatives_contracts import ContractError, parse as parse_contract
+
+        try:
+            adapter.contract = parse_contract(decl, source)
+        except ContractError as exc:
+            raise ScopeError(str(exc)) from None
+    return adapter
 
 
 # ---- the certificate's words -------------------------------------------------------------------

@@ -172,6 +172,9 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         folder = config.getoption("--divergences-dir")
         entries = spec.divergences(backend, Path(folder) if folder else None)
+        from .alternatives_contracts import contract_entries
+
+        entries = entries + contract_entries(impls)     # a declared accuracy contract (SPEC section 28)
         divs = Divergences(entries, config.getoption("--device"))
     except (spec.SpecError, DivergenceError, ValueError) as exc:
         _usage(f"malformed divergence file: {exc}")

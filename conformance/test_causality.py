@@ -72,7 +72,7 @@ def deterministic(impl: Adapter, case: Case, first: np.ndarray) -> bool | None:
     again = run(impl, case)
     if again is None:
         return None
-    same = bool(np.array_equal(first, again.out, equal_nan=True))
+    same = bool(np.array_equal(first, again.notes.get("raw_out", again.out), equal_nan=True))
     seen = [o for o in impl.record.observations if o["key"] == KEY]
     if not same or not seen:                     # one row per test, plus every case that was not deterministic
         observe(impl, "ATTN-OP-7", KEY, same, case)
@@ -88,7 +88,7 @@ def test_future_does_not_leak(impl, case):
     res = run(impl, case)
     if res is None:
         return
-    same = deterministic(impl, case, res.out)
+    same = deterministic(impl, case, res.notes.get("raw_out", res.out))
     if same is None:
         return
     moved = perturb_future(case, cut, rng)
@@ -101,7 +101,8 @@ def test_future_does_not_leak(impl, case):
         expect_close(res.out, case, impl, clause="ATTN-CAUSAL-2")
         expect_close(res2.out, moved, impl, clause="ATTN-CAUSAL-2")
         return
-    a, b = res.out[rows], res2.out[rows]
+    # an approximate kernel's contract (SPEC section 28) exempts its values, never its causality
+    a, b = res.notes.get("raw_out", res.out)[rows], res2.notes.get("raw_out", res2.out)[rows]
     changed = ~((a == b) | (np.isnan(a) & np.isnan(b)))
     if changed.any():
         where = np.argwhere(rows)[int(np.argwhere(changed)[0][0])]

@@ -11,6 +11,9 @@ terms (layout, log base, the value of an empty row):
 | `flash_attn_kvcache` | `flash_attn.flash_attn_with_kvcache` | `flash_attn_kvcache.py` |
 | `flashinfer_prefill` | `flashinfer.single_prefill_with_kv_cache` | `flashinfer_prefill.py` |
 | `flashinfer_decode` | `flashinfer.single_decode_with_kv_cache` | `flashinfer_decode.py` |
+| `flash_attn3` | flash-attention 3 (hopper) `flash_attn_interface.flash_attn_func` | `flash_attn3.py` |
+| `flash_attn4` | flash-attention 4 (cute) `flash_attn.cute.flash_attn_func` | `flash_attn4.py` |
+| `sageattn` | `sageattention.sageattn` | `sageattn.py` |
 
 `common.py` holds what they share: the `Convention` description (what it can
 express, its default scope, what lies outside it) and `ConventionAdapter`, the
@@ -27,6 +30,9 @@ MODULES = {
     "flash_attn_kvcache": "flash_attn_kvcache",
     "flashinfer_prefill": "flashinfer_prefill",
     "flashinfer_decode": "flashinfer_decode",
+    "flash_attn3": "flash_attn3",
+    "flash_attn4": "flash_attn4",
+    "sageattn": "sageattn",
 }
 NAMES = tuple(MODULES)
 
