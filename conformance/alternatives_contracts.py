@@ -11,8 +11,8 @@ divergence. It declares instead, in its scope (`attnconf_capabilities` or `--cap
 - ``accuracy = {cosine = 0.999, rel_l1 = 0.03}``: each output against the float64 reference of the
   case itself, by cosine similarity and relative L1 distance.
 
-The declaration becomes a divergence entry (`contract_entries`) with region "any", clause
-ATTN-QUANT-1 and one of the two alternatives below; the harness then keeps the kernel's raw output
+The declaration becomes a divergence entry (`contract_entries`) with region "any", the clause of
+its kind (ATTN-QUANT-1 scheme, -2 class, -3 a convention's default) and one of the two alternatives below; the harness then keeps the kernel's raw output
 for the exact properties (`Result.notes["raw_out"]`, bitwise causality), which therefore still hold.
 The worst cosine and relative L1 against float64 seen per dtype are written into the entry's
 `measured` field, which the run file and the certificate print.
@@ -29,7 +29,9 @@ from . import tolerance as T
 from .alternatives import Alternative, ALTERNATIVES, Verdict, _judged
 from .witnesses import witness
 
-CONTRACT_CLAUSE = "ATTN-QUANT-1"
+CONTRACT_CLAUSE = "ATTN-QUANT-1"       # a declared quantization scheme
+CLASS_CLAUSE = "ATTN-QUANT-2"          # a declared accuracy class
+DEFAULT_CLAUSE = "ATTN-QUANT-3"        # a convention's default scheme (sageattn's), undeclared by the kernel
 INT8_DEFAULTS = {"q_block": 128, "k_block": 64, "smooth_k": True, "pv": "float16"}
 ACCURACY_KEYS = ("cosine", "rel_l1")
 
@@ -83,7 +85,9 @@ def contract_entries(impls: list) -> list[dict[str, Any]]:
         if not contract:
             continue
         kind = "quantized_reference" if "quantization" in contract else "accuracy_class"
-        out.append({"id": f"CONTRACT-{a.name}", "clause": CONTRACT_CLAUSE, "kind": "divergent",
+        default = contract is getattr(getattr(a, "conv", None), "contract", None)
+        clause = DEFAULT_CLAUSE if default else CONTRACT_CLAUSE if kind == "quantized_reference" else CLASS_CLAUSE
+        out.append({"id": f"CONTRACT-{a.name}", "clause": clause, "kind": "divergent",
                     "implementations": [a.name], "region": "any", "instead": kind, "bound": 1.0,
                     "reason": f"declared accuracy contract: {describe(contract)}", "witness": "contract_witness",
                     "contract": contract, "file": "the kernel's declared scope", "dtypes": [], "measured": ""})

@@ -132,7 +132,7 @@ def _fa4(name: str, clause: str | None, **defect) -> Callable:
 
 
 _fa4("fa4_flash_attn_func", None)
-_fa4("fa4_sink_missing_from_lse", "ATTN-SINK-5", sink_not_in_lse=True)
+_fa4("fa4_sink_missing_from_lse", "ATTN-SINK-2", sink_not_in_lse=True)
 _fa4("fa4_sink_scaled", "ATTN-SINK-1", sink_scaled=True)
 
 
@@ -186,11 +186,11 @@ def _sage(name: str, clause: str | None, caps: dict | None, **defect) -> Callabl
 SAGE = {"features": ["gqa", "custom_scale", "cross", "noncontiguous"]}
 _sage("sage_sageattn", None, SAGE)
 _sage("sage_accuracy_class", None, {**SAGE, "accuracy": {"cosine": 0.99, "rel_l1": 0.1}})
-_sage("sage_ignores_smooth_k", "ATTN-QUANT-1", SAGE, ignore_smooth_k=True)
-_sage("sage_truncating_int8", "ATTN-QUANT-1", SAGE, truncate=True)
-_sage("sage_q_block_64", "ATTN-QUANT-1", SAGE, q_block=64)
-_sage("sage_kv_tail_unmasked", "ATTN-QUANT-1", SAGE, tail_keys_zero=True)
-_sage("sage_gqa_modulo", "ATTN-QUANT-1", SAGE, gqa_modulo=True)
+_sage("sage_ignores_smooth_k", "ATTN-QUANT-3", SAGE, ignore_smooth_k=True)
+_sage("sage_truncating_int8", "ATTN-QUANT-3", SAGE, truncate=True)
+_sage("sage_q_block_64", "ATTN-QUANT-3", SAGE, q_block=64)
+_sage("sage_kv_tail_unmasked", "ATTN-QUANT-3", SAGE, tail_keys_zero=True)
+_sage("sage_gqa_modulo", "ATTN-QUANT-3", SAGE, gqa_modulo=True)
 # the control itself, declared causal: smooth-K and per-block K scales read keys past the cutoff
 _sage("sage_causal", "ATTN-CAUSAL-2", {"features": ["causal_bottom_right", "gqa", "custom_scale", "noncontiguous"]})
 
