@@ -4,18 +4,14 @@ A kernel that declares a quantization scheme or an accuracy class (or whose conv
 default scheme: sageattn) has its outputs judged by that contract in `harness.run`, on every call of
 every test (conformance/alternatives_contracts.py): this test gives the contract its own cells, on
 ordinary cases of every shape the kernel declares. For an exact kernel it is one more agreement test.
-What the contract never excuses is checked here on the raw output: a NaN or inf where the reference
-is finite fails, whatever the declared accuracy.
+A NaN or inf where the contract's reference is finite fails, whatever the declared accuracy.
 
 PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_close, for_cases, lse_need, run
-from attnconf.reference import oracle
+from attnconf.conformance.harness import clauses, expect_close, for_cases, lse_need, run
 
 
 @clauses("ATTN-QUANT-1", "ATTN-QUANT-2", "ATTN-QUANT-3")
@@ -23,12 +19,7 @@ from attnconf.reference import oracle
            examples=[st.fixed_case(264, B=1, Hq=2, Hkv=1, Lq=130, Lk=70, Dk=64, dtype="float16"),
                      st.fixed_case(265, B=2, Hq=4, Hkv=2, Lq=9, Lk=13, Dk=16, dtype="bfloat16")])
 def test_contract_holds(impl, case):
-    """The output (and lse) meets the kernel's contract; its raw values are finite where the reference is."""
+    """The output (and lse) meets the kernel's contract (for a kernel without one: the spec's tolerance)."""
     res = run(impl, case, need=lse_need(impl, case))
-    if res is None:
-        return
-    raw = np.asarray(res.notes.get("raw_out", res.out), dtype=np.float64)
-    bad = np.isfinite(oracle(case).out) & ~np.isfinite(raw)
-    expect(not bad.any(), "ATTN-QUANT-1", f"{int(bad.sum())} output element(s) NaN or inf where the reference is "
-           "finite", case, impl)
-    expect_close(res.out, case, impl, clause="ATTN-QUANT-1")
+    if res is not None:
+        expect_close(res.out, case, impl, clause="ATTN-QUANT-1")

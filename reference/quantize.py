@@ -13,7 +13,9 @@ Schemes:
   head, block of `q_block` queries or `k_block` keys) x * pre / scale rounded half away from zero
   to int8, with scale = max |x * pre| / 127 in float32; Q's `pre` is float32(scale * 1.44269504)
   (the kernel works in base 2), K's is 1. The logits are q_int8 . k_int8 * scale_q * scale_k in
-  base 2, i.e. that times ln 2 in natural units, which the returned Q carries.
+  base 2, i.e. that times ln 2 in natural units, which the returned Q carries. With `pv = "float16"`
+  V is rounded to float16 as the kernel converts it (a bfloat16 value beyond 65504 becomes inf: the
+  reference of such a row is not finite, and the row lies outside the scheme's range).
 - ``fp8_e4m3_per_head`` (flash-attention 3's FP8 path): per (batch, KV head) a float32 descale
   factor amax / 448 for each of Q (over the query heads of the group), K and V; the kernel gets
   e4m3 values x / descale (round to nearest even) and the descale factors, shape (B, Hkv).
@@ -95,6 +97,9 @@ def quantized_case(case: Case, scheme: dict[str, Any]) -> Case:
         q, k = sage_inputs(case, q_block=int(scheme.get("q_block", 128)), k_block=int(scheme.get("k_block", 64)),
                            smooth_k=bool(scheme.get("smooth_k", True)))
         changes = {"q": q, "k": k}
+        if scheme.get("pv", "float16") == "float16":    # V as the kernel multiplies it: float16, inf beyond 65504
+            with np.errstate(over="ignore"):
+                changes["v"] = case.v.astype(np.float16).astype(np.float64)
     elif name == "fp8_e4m3_per_head":
         hq, hkv = case.shape["Hq"], case.shape["Hkv"]
         changes = {}
