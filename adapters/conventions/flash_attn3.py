@@ -11,7 +11,9 @@ bounds and softcap this one shares):
 
 - no dropout and no ALiBi; `qv` (MLA's extra query) is None, `num_splits=1`, `pack_gqa=None`,
   `sm_margin=0` (scheduling knobs that must not change the result);
-- `return_attn_probs=True` returns the tuple (out, softmax_lse), False the output alone; the lse is
+- `return_attn_probs=True` returns the tuple (out, softmax_lse), False the output alone (since
+  Dao-AILab/flash-attention#1851, 2025-08-29; before it the hopper interface always returned
+  (out, softmax_lse), which the adapter accepts too, taking the output from it); the lse is
   (B, Hq, Lq), natural log, float32, and a row that sees no key has lse = -inf (`softmax.h`: a zero
   row sum gives -INFINITY), unlike flash-attention 2's +inf;
 - `attention_chunk=C` > 0 is chunked local attention (Llama 4): the keys are cut into chunks of C
@@ -89,6 +91,8 @@ class FlashAttn3(Convention):
                       attention_chunk=int(case.chunk or 0), softcap=0.0 if case.softcap is None else float(case.softcap),
                       num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False)
         ret = ad.invoke(kwargs, None)
+        if isinstance(ret, (tuple, list)) and len(ret) == 2:     # the interface before 2025-08-29 (see above)
+            ret = ret[0]
         out_t, _ = ad.unpack(ret, False, "return_attn_probs")
         out = ad.array(out_t, (B, Lq, Hq, Dv), "output").transpose(0, 2, 1, 3)
         res = Result(out=np.ascontiguousarray(out), out_dtype=ad.out_dtype(out_t), kernel=ad.name)
