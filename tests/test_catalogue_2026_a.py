@@ -159,3 +159,51 @@ def test_suite_catches_bug(name, tmp_path):
                     extra=(f"--convention={conv}",))
     assert run.report and run.report["verdict"]["verdict"] == "NONCONFORMANT", run.output_tail
     assert clause in (run.first_failure or {}).get("message", "") or clause in str(run.first_failure), run.first_failure
+
+
+# ---- the reference pieces the catalogue relies on (fast) ----------------------------------------------
+def test_chunk_visibility_is_aligned_from_key_zero():
+    from attnconf.reference.attention import chunk_visible
+
+    vis = chunk_visible(3, 7, 4, "bottom_right")              # queries sit at keys 4, 5, 6: the chunk [4, 7]
+    assert vis.tolist() == [[False] * 4 + [True] * 3] * 3
+    vis = chunk_visible(3, 7, 4, "top_left")                  # queries at keys 0, 1, 2: the chunk [0, 3]
+    assert vis.tolist() == [[True] * 4 + [False] * 3] * 3
+
+
+def test_int8_per_block_rounds_half_away_and_scales_per_block():
+    from attnconf.reference.quantize import int8_per_block
+
+    x = np.zeros((1, 1, 4, 2))
+    x[0, 0, :2] = [[127.0, 0.5], [-0.5, 1.5]]                 # block 0: scale 1; block 1: all zero
+    ints, scale = int8_per_block(x, 2)
+    assert ints[0, 0, :2].tolist() == [[127, 1], [-1, 2]] and scale[0, 0, 0, 0] == 1.0
+    assert not ints[0, 0, 2:].any()
+
+
+def test_fp8_descale_is_per_batch_and_kv_head():
+    import ml_dtypes
+
+    from attnconf.reference.quantize import fp8_per_head
+
+    x = np.random.default_rng(0).standard_normal((2, 4, 3, 8)) * np.array([1.0, 1.0, 100.0, 100.0])[None, :, None, None]
+    vals, d = fp8_per_head(x, 2)
+    assert d.shape == (2, 2) and d[0, 1] > 50 * d[0, 0]
+    assert np.array_equal(vals, vals.astype(ml_dtypes.float8_e4m3fn).astype(np.float64))
+    assert np.abs(vals).max() <= 448
+
+
+@pytest.mark.parametrize("decl, word", [({"quantization": {"scheme": "int4"}}, "scheme"),
+                                        ({"accuracy": {"cosine": 2.0}}, "cosine"),
+                                        ({"accuracy": {"cosine": 0.9}, "quantization": {"scheme": "fp8_e4m3_per_head"}},
+                                         "not both")])
+def test_bad_contract_is_a_one_line_error(decl, word):
+    from attnconf.adapters.scope import ScopeError, declare
+
+    def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, smooth_k=True):
+        return q
+    sageattn.attnconf_capabilities = decl
+    ad = load("sage_sageattn")
+    with pytest.raises(ScopeError, match=word) as exc:
+        declare(ad, sageattn, None, expressible=ad.conv.features)
+    assert "\n" not in str(exc.value)
