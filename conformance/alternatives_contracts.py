@@ -86,7 +86,7 @@ def contract_entries(impls: list) -> list[dict[str, Any]]:
         if not contract:
             continue
         kind = "quantized_reference" if "quantization" in contract else "accuracy_class"
-        default = contract is getattr(getattr(a, "conv", None), "contract", None)
+        default = bool(contract.get("default"))       # a convention's scheme, not the kernel's declaration
         clause = DEFAULT_CLAUSE if default else CONTRACT_CLAUSE if kind == "quantized_reference" else CLASS_CLAUSE
         out.append({"id": "CONTRACT-" + re.sub("[^A-Z0-9]+", "-", a.name.upper()).strip("-"), "clause": clause, "kind": "divergent",
                     "implementations": [a.name], "region": "any", "instead": kind, "bound": 1.0,

@@ -35,7 +35,7 @@ FEATURES = frozenset({"causal_bottom_right", "gqa", "custom_scale", "cross", "no
 OUTSIDE = ("boolean masks", "additive bias", "query/key padding", "causal with Lq != Lk", "Dv != Dk",
            "sliding windows, softcap, ALiBi, sinks", "the lse", "gradients", "float32 and float64")
 CONTRACT = {"quantization": {"scheme": "int8_per_block", "q_block": 128, "k_block": 64, "smooth_k": True,
-                             "pv": "float16"}}
+                             "pv": "float16"}, "default": True}
 
 
 class SageAttn(Convention):
