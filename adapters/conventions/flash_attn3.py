@@ -28,7 +28,8 @@ bounds and softcap this one shares):
   a kernel that declares `quantization = {scheme = "fp8_e4m3_per_head"}`; the convention then
   quantizes Q, K and V itself (reference/quantize.py, the same function the reference uses), a query
   head using the factor of its KV head, and the output is bfloat16 (flash-attention's FP8 output
-  dtype), so such a kernel declares `dtypes = ["bfloat16"]`.
+  dtype), so such a kernel declares `dtypes = ["bfloat16"]`. Causal cases are outside this path: the
+  factors are the amax over every key, so quantizing a causal case would read keys its rows cannot see.
 
 Outside the convention: masks, bias, padding, dropout, ALiBi, sinks, `qv`, top-left causal, window
 or chunk with Lq != Lk.
@@ -78,6 +79,9 @@ class FlashAttn3(Convention):
         fp8 = fp8_scheme(ad)
         if fp8 and (grads or case.dtype != "bfloat16"):
             raise NotSupported("flash_attn3 FP8: forward only, bfloat16 output")
+        if fp8 and case.causal is not None:
+            raise NotSupported("flash_attn3 FP8: the convention's per-(batch, KV head) descale factors are the amax over "
+                               "every key, which a causal row may not see (static scales would be causal; SPEC section 28)")
         leaves: dict[str, torch.Tensor] = {}
         if fp8:
             tensors = fp8_arguments(ad, case)

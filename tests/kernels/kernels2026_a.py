@@ -109,7 +109,7 @@ _fa3("fa3_causal_window_misaligned", "ATTN-CAUSAL-1", causal_top_left=True)
 _fa3("fa3_softcap_after_mask", "ATTN-CAP-2", softcap_after_mask=True)
 _fa3("fa3_lse_empty_plus_inf", "ATTN-LSE-2", empty_lse=float("inf"))
 FP8 = {"dtypes": ["bfloat16"], "grads": False, "quantization": {"scheme": "fp8_e4m3_per_head"},
-       "features": ["causal_bottom_right", "gqa", "custom_scale", "cross", "lse"]}
+       "features": ["gqa", "custom_scale", "cross", "lse"]}
 _fa3("fa3_fp8", None, FP8)
 _fa3("fa3_fp8_descale_per_tensor", "ATTN-QUANT-1", FP8, descale_per_tensor=True)
 
