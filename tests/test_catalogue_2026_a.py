@@ -136,6 +136,8 @@ SUITE_CONTROLS = {"fa3_flash_attn_func": "CONFORMANT", "fa4_flash_attn_func": "C
                   "sage_sageattn": "CONFORMANT_WITH_DIVERGENCES", "fa3_fp8": "CONFORMANT_WITH_DIVERGENCES"}
 SUITE_BUGS = ["fa3_chunk_off_by_one", "fa4_sink_missing_from_lse", "sage_ignores_smooth_k", "sage_causal",
               "fa3_fp8_descale_per_tensor"]
+# the decode test judges the lse of its sink cases and runs before the sink tests (measured: 41 examples in)
+ALSO = {"fa4_sink_missing_from_lse": "ATTN-DECODE-1"}
 
 
 @pytest.mark.slow
@@ -157,7 +159,8 @@ def test_suite_catches_bug(name, tmp_path):
     run = run_suite("torch", tmp_path / "run.json", kernel=f"tests.kernels.kernels2026_a:{name}", stop_at_first=True,
                     extra=(f"--convention={conv}",))
     assert run.report and run.report["verdict"]["verdict"] == "NONCONFORMANT", run.output_tail
-    assert clause in (run.first_failure or {}).get("message", "") or clause in str(run.first_failure), run.first_failure
+    message = (run.first_failure or {}).get("message", "")
+    assert any(f"[{c}]" in message for c in (clause, ALSO.get(name, clause))), run.first_failure
 
 
 # ---- the reference pieces the catalogue relies on (fast) ----------------------------------------------
