@@ -127,6 +127,7 @@ def test_causal_sage_reads_the_future():
 
 def test_catalogue_is_complete():
     assert set(WITNESS) | {"sage_causal"} == set(BUGS)
+    assert set(K.CONTROLS.values()) == {conv for conv, _ in K.BUGS.values()} == {"flash_attn3", "flash_attn4", "sageattn"}
     assert {c for _, c in K.BUGS.values()} >= {"ATTN-CHUNK-1", "ATTN-QUANT-1", "ATTN-QUANT-3", "ATTN-SINK-2",
                                                  "ATTN-CAUSAL-2", "ATTN-LSE-2"}
 
