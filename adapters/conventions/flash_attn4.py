@@ -45,7 +45,10 @@ OUTSIDE = ("boolean masks (mask_mod)", "additive bias (score_mod)", "query/key p
 
 
 def pair(ad: ConventionAdapter, ret, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(out, lse) from the tuple the cute interface always returns."""
+    """(out, lse) from the tuple the cute interface always returns (a bare output is taken as (out, None) when
+    no lse was asked for: a wrapper that drops the None)."""
+    if isinstance(ret, torch.Tensor) and not return_lse:
+        return ret, None
     if not isinstance(ret, (tuple, list)) or len(ret) != 2:
         raise ConventionViolation("ATTN-OP-2", f"kernel returned {type(ret).__name__}; the flash_attn4 convention "
                                   "returns the tuple (out, lse)")
