@@ -45,6 +45,8 @@ CAPABILITIES = frozenset({
     "alibi",           # ALiBi slopes (ATTN-ALIBI-*), distances from the bottom-right diagonal (flash-attention's)
     "alibi_top_left",  # ALiBi with distances from the top-left diagonal (window_align="top_left")
     "sinks",           # per-head attention-sink logits (ATTN-SINK-*)
+    "chunk_bottom_right",  # chunked local attention (ATTN-CHUNK-*), chunks of key positions from key 0,
+    "chunk_top_left",      # the query placed by the bottom-right (flash-attention 3's) or top-left diagonal
     # Convention-level features (adapters/conventions): how the problem reaches the kernel.
     "varlen",          # packed variable-length batch: cu_seqlens (ATTN-VARLEN-*)
     "paged",           # paged KV cache: block_table into physical blocks (ATTN-PAGED-1, -2)
@@ -53,7 +55,8 @@ CAPABILITIES = frozenset({
     "latent",          # MLA's absorbed form: V is a prefix of the key's latent row (ATTN-MLA-1, flashmla_*)
 })
 # What a declared scope says besides features (adapters/scope.py); `scope()` uses the same words.
-SCOPE_KEYS = ("dtypes", "grads", "dropout", "features", "head_dims", "max_seqlen")
+SCOPE_KEYS = ("dtypes", "grads", "dropout", "features", "head_dims", "max_seqlen",
+              "quantization", "accuracy")    # the last two: an approximate kernel's contract (conformance/contracts.py)
 
 
 class KernelError(Exception):

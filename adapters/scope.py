@@ -208,8 +208,16 @@ def declare(adapter: Adapter, fn: Any, capabilities_file: str | None, *,
         adapter.scope_source = f"full {adapter.convention or 'calling'} convention (no declaration)"
         return adapter
     decl, source = found
-    return apply(adapter, parse(decl, source=source, full=Scope.of(adapter), expressible=expressible,
-                                convention=adapter.convention or adapter.backend))
+    apply(adapter, parse(decl, source=source, full=Scope.of(adapter), expressible=expressible,
+                         convention=adapter.convention or adapter.backend))
+    if isinstance(decl, dict) and ("quantization" in decl or "accuracy" in decl):
+        from attnconf.conformance.alternatives_contracts import ContractError, parse as parse_contract
+
+        try:
+            adapter.contract = parse_contract(decl, source)
+        except ContractError as exc:
+            raise ScopeError(str(exc)) from None
+    return adapter
 
 
 # ---- the certificate's words -------------------------------------------------------------------
@@ -221,7 +229,8 @@ FEATURE_WORDS = {
     "dbias": "bias gradient", "noncontiguous": "non-contiguous inputs", "broadcast_kv": "broadcast K/V",
     "window_top_left": "sliding window top-left", "window_bottom_right": "sliding window bottom-right",
     "softcap": "softcap", "alibi": "ALiBi", "alibi_top_left": "ALiBi distances aligned top-left",
-    "sinks": "attention sinks", "varlen": "variable-length packing",
+    "sinks": "attention sinks", "chunk_bottom_right": "chunked local attention bottom-right",
+    "chunk_top_left": "chunked local attention top-left", "varlen": "variable-length packing",
     "paged": "paged KV cache", "kvcache_append": "KV-cache append", "grads": "gradients", "dropout": "dropout",
 }
 

@@ -173,6 +173,9 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         folder = config.getoption("--divergences-dir")
         entries = spec.divergences(backend, Path(folder) if folder else None)
+        from .alternatives_contracts import contract_entries
+
+        entries = entries + contract_entries(impls)     # a declared accuracy contract (SPEC section 29)
         divs = Divergences(entries, config.getoption("--device"))
         from .declared import entries as declared_entries
 

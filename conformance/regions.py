@@ -80,7 +80,7 @@ def mask_hidden_keys(case: Case) -> np.ndarray:
     s = case.shape
     return ~visibility((s["B"], s["Hq"], s["Lq"], s["Lk"]), mask=case.mask, causal=case.causal,
                        q_lengths=case.q_lengths, kv_lengths=case.kv_lengths, window=case.window,
-                       window_align=case.window_align)
+                       window_align=case.window_align, chunk=case.chunk)
 
 
 @region

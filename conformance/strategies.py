@@ -1211,3 +1211,14 @@ def lse_empty_cases(draw, *, max_len: int = 33, dtypes: tuple[str, ...] = ("floa
     q = values(rng, {**s, "Lq": lq}, case.regime, case.dtype)[0]
     params = {"causal": "bottom_right"} if how == "causal" else {"window": (draw(st.sampled_from((0, 1, 2))), 0)}
     return case.replace(q=q, k=case.k[:, :, :lk], v=case.v[:, :, :lk], **params)
+
+
+@st.composite
+def chunk_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, **switches) -> Case:
+    """A case with chunked local attention (ATTN-CHUNK-*): chunks of 1, 2, 3 keys, a third or half of Lk, or
+    more than Lk (one chunk: plain attention), either alignment, causal half the time as `cases` draws it;
+    Lq != Lk half the time, so the aligned position of a query matters."""
+    case = draw(cases(max_len=max_len, dtypes=dtypes, **switches))
+    lk = case.shape["Lk"]
+    size = draw(st.sampled_from(sorted({1, 2, 3, max(1, lk // 3), max(1, lk // 2), lk + 1})))
+    return case.replace(chunk=size, window_align=draw(st.sampled_from(ALIGNMENTS)))

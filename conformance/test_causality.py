@@ -74,7 +74,8 @@ def rerun(impl: Adapter, case: Case, first: np.ndarray) -> np.ndarray | None:
     again = run(impl, case)
     if again is None:
         return None
-    stable = ((first == again.out) | (np.isnan(first) & np.isnan(again.out))).all(axis=-1)
+    again_out = again.notes.get("raw_out", again.out)
+    stable = ((first == again_out) | (np.isnan(first) & np.isnan(again_out))).all(axis=-1)
     same = bool(stable.all())
     seen = [o for o in impl.record.observations if o["key"] == KEY]
     if not same or not seen:                     # one row per test, plus every case that was not deterministic
@@ -91,7 +92,8 @@ def test_future_does_not_leak(impl, case):
     res = run(impl, case)
     if res is None:
         return
-    stable = rerun(impl, case, res.out)
+    # an approximate kernel's contract (SPEC section 29) exempts its values, never its causality: raw outputs
+    stable = rerun(impl, case, res.notes.get("raw_out", res.out))
     if stable is None:
         return
     moved = perturb_future(case, cut, rng)
@@ -103,7 +105,7 @@ def test_future_does_not_leak(impl, case):
         expect_close(res.out, case, impl, clause="ATTN-CAUSAL-2")
         expect_close(res2.out, moved, impl, clause="ATTN-CAUSAL-2")
     rows = ~sees_future & stable                              # (B, Hq, Lq)
-    a, b = res.out[rows], res2.out[rows]
+    a, b = res.notes.get("raw_out", res.out)[rows], res2.notes.get("raw_out", res2.out)[rows]
     changed = ~((a == b) | (np.isnan(a) & np.isnan(b)))
     if changed.any():
         where = np.argwhere(rows)[int(np.argwhere(changed)[0][0])]

@@ -130,7 +130,10 @@ def test_lse_merges_key_chunks(impl, case):
         merged = (np.exp(lses - lse)[..., None] * outs).sum(axis=0)
     a = max(judge_output(r.out, sub).allowed_max for sub, r in parts)
     l_allow = max(judge_lse(r.lse, sub).allowed_max for sub, r in parts)
-    bound = a + np.expm1(2 * l_allow) * float(np.abs(outs).max(initial=0.0))
+    # plus the float64 rounding of the merge itself (all that is left where a contract exempts every element)
+    bound = a + np.expm1(2 * l_allow) * float(np.abs(outs).max(initial=0.0)) \
+        + len(parts) * float(np.finfo(np.float64).eps) * (4 + 2 * float(np.nanmax(np.abs(np.where(
+            np.isfinite(lses), lses, 0.0)), initial=0.0))) * float(np.abs(outs).max(initial=0.0))
     j_whole = judge_output(whole.out, case)
     gap = float(np.nanmax(np.abs(merged - whole.out), initial=0.0))
     expect(gap <= bound + j_whole.allowed_max, "ATTN-LSE-4",
@@ -140,6 +143,8 @@ def test_lse_merges_key_chunks(impl, case):
            case, impl)
     ref = oracle(case)
     lgap = float(np.nanmax(np.abs(lse - ref.lse), initial=0.0))
+    l_allow += 4 * len(parts) * float(np.finfo(np.float64).eps) * max(1.0, float(np.max(np.abs(np.where(
+        np.isfinite(ref.lse), ref.lse, 0.0)), initial=0.0)))
     expect(lgap <= l_allow, "ATTN-LSE-5", f"the merged lse is {lgap:.3g} from the reference (allowed {l_allow:.3g})",
            case, impl)
     for sub, r in parts:

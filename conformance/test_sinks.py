@@ -38,7 +38,7 @@ def test_sinks_match_reference(impl, case):
         judge(judge_lse(res.lse, case), case, impl, "ATTN-SINK-2")
 
 
-@clauses("ATTN-SINK-2", "ATTN-LSE-4")
+@clauses("ATTN-SINK-2", "ATTN-LSE-4", "ATTN-SINK-5")
 @for_cases(st.sink_cases(max_len=33), weight=0.5, needs=("sinks",))
 def test_a_sink_scales_each_row(impl, case):
     """O_sink = O_nosink / (1 + exp(sink - lse_nosink)) row by row, between the kernel's two runs, within the

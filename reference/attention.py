@@ -59,6 +59,15 @@ def window_visible(lq: int, lk: int, window: tuple[int, int], align: str, q_len=
     return vis
 
 
+def chunk_visible(lq: int, lk: int, chunk: int, align: str, q_len=None, kv_len=None) -> np.ndarray:
+    """Chunked local attention (ATTN-CHUNK-1) for one batch element, shape (Lq, Lk): the keys are cut into
+    chunks of `chunk` positions counted from key 0, and query i sees the keys of the chunk holding its
+    aligned position i + off (flash-attention 3's attention_chunk, Llama 4)."""
+    i = np.arange(lq)[:, None] + diagonal_offset(lq, lk, align, q_len, kv_len)
+    j = np.arange(lk)[None, :]
+    return (j // chunk) == np.floor_divide(i, chunk)
+
+
 def alibi_bias(shape: tuple[int, int, int, int], slopes: np.ndarray, align: str,
                q_lengths=None, kv_lengths=None) -> np.ndarray:
     """The ALiBi bias (ATTN-ALIBI-1): -slope[b, h] * |i + off_b - j|, shape (B, Hq, Lq, Lk)."""
@@ -75,7 +84,8 @@ def alibi_bias(shape: tuple[int, int, int, int], slopes: np.ndarray, align: str,
 
 
 def visibility(shape: tuple[int, int, int, int], *, mask=None, bias=None, causal=None,
-               q_lengths=None, kv_lengths=None, window=None, window_align="bottom_right") -> np.ndarray:
+               q_lengths=None, kv_lengths=None, window=None, window_align="bottom_right",
+               chunk=None) -> np.ndarray:
     """Which keys each query may see (ATTN-MASK-1, -2, -4, -6, ATTN-CAUSAL-1, ATTN-WIN-1): (B, Hq, Lq, Lk) bool."""
     B, Hq, Lq, Lk = shape
     vis = np.ones(shape, dtype=bool)
@@ -90,6 +100,8 @@ def visibility(shape: tuple[int, int, int, int], *, mask=None, bias=None, causal
             vis[b] &= causal_visible(Lq, Lk, causal, ql, kl)
         if window is not None:
             vis[b] &= window_visible(Lq, Lk, window, window_align, ql, kl)
+        if chunk is not None:
+            vis[b] &= chunk_visible(Lq, Lk, chunk, window_align, ql, kl)
         if kl is not None:
             vis[b, :, :, kl:] = False
         if ql is not None:
@@ -105,7 +117,7 @@ def expand_kv(x: np.ndarray, hq: int) -> np.ndarray:
 
 def forward(q, k, v, *, mask=None, bias=None, causal=None, scale=None,
             q_lengths=None, kv_lengths=None, window=None, window_align="bottom_right",
-            softcap=None, alibi_slopes=None, sinks=None) -> Forward:
+            softcap=None, alibi_slopes=None, sinks=None, chunk=None) -> Forward:
     """Output, weights, log-sum-exp, logits and visibility in float64.
 
     logits = softcap(scale Q K^T) + alibi + bias, where softcap(x) = c tanh(x / c) (ATTN-CAP-1);
@@ -128,7 +140,8 @@ def forward(q, k, v, *, mask=None, bias=None, causal=None, scale=None,
         if bias is not None:
             logits = logits + np.asarray(bias, dtype=np.float64)
         vis = visibility((B, Hq, Lq, Lk), mask=mask, bias=bias, causal=causal,
-                         q_lengths=q_lengths, kv_lengths=kv_lengths, window=window, window_align=window_align)
+                         q_lengths=q_lengths, kv_lengths=kv_lengths, window=window, window_align=window_align,
+                         chunk=chunk)
         masked = np.where(vis, logits, -np.inf)
         m = masked.max(axis=-1, keepdims=True) if Lk else np.full((B, Hq, Lq, 1), -np.inf)
         if sinks is not None:
@@ -176,7 +189,7 @@ def case_params(case: Case) -> dict:
     return dict(mask=case.mask, bias=case.bias, causal=case.causal, scale=case.scale,
                 q_lengths=case.q_lengths, kv_lengths=case.kv_lengths, window=case.window,
                 window_align=case.window_align, softcap=case.softcap, alibi_slopes=case.alibi_slopes,
-                sinks=case.sinks)
+                sinks=case.sinks, chunk=case.chunk)
 
 
 def oracle(case: Case) -> Forward:

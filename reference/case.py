@@ -79,6 +79,7 @@ class Case:
     softcap: float | None = None              # logits -> softcap * tanh(logits / softcap), before bias and masks
     alibi_slopes: np.ndarray | None = None    # (Hq,) or (B, Hq): adds -slope * |i + offset - j|
     sinks: np.ndarray | None = None           # (Hq,): a per-head logit that joins every row's softmax denominator
+    chunk: int | None = None                  # chunked local attention (ATTN-CHUNK-1): keys in the query's chunk only
     # How a calling convention lays the same problem out (page size, block order, appended keys, ...):
     # it never changes the mathematics, only the representation a convention passes to a kernel.
     # Keys (adapters/conventions/*.py; a convention ignores the others, and draws a missing one from
@@ -115,6 +116,8 @@ class Case:
             params["window"] = tuple(int(w) for w in params["window"])
         if params.get("softcap") is not None:
             params["softcap"] = float(params["softcap"])
+        if params.get("chunk") is not None:
+            params["chunk"] = int(params["chunk"])
         params["packing"] = dict(params.get("packing") or {})
         case = cls(**params)
         case.validate()
@@ -170,6 +173,8 @@ class Case:
             raise CaseError(f"window must be (left, right) with each >= 0 or -1 (unbounded); got {self.window}")
         if self.window_align not in ALIGNMENTS:
             raise CaseError(f"window_align must be one of {ALIGNMENTS}; got {self.window_align!r}")
+        if self.chunk is not None and self.chunk < 1:
+            raise CaseError(f"chunk must be a positive number of keys; got {self.chunk}")
         if self.softcap is not None and not (np.isfinite(self.softcap) and self.softcap > 0):
             raise CaseError(f"softcap must be a finite number > 0; got {self.softcap}")
         if self.alibi_slopes is not None and self.alibi_slopes.shape not in ((Hq,), (B, Hq)):
@@ -208,6 +213,8 @@ class Case:
             parts.append(f"q_len={self.q_lengths.tolist()}")
         if self.window is not None:
             parts.append(f"window={list(self.window)}@{self.window_align}")
+        if self.chunk is not None:
+            parts.append(f"chunk={self.chunk}@{self.window_align}")
         return "+".join(parts) or "none"
 
     def features(self) -> set[str]:
@@ -230,6 +237,8 @@ class Case:
                 f.add("mask_with_causal")
         if self.window is not None:
             f.add("window_" + self.window_align)
+        if self.chunk is not None:
+            f.add("chunk_" + self.window_align)
         if self.layout != "contiguous":
             f.add(self.layout)
         return f
@@ -275,7 +284,9 @@ class Case:
         # written only when used, so cases saved before these fields existed keep their digests
         if self.window is not None:
             p["window"] = list(self.window)
-        if self.window is not None or self.alibi_slopes is not None:
+        if self.chunk is not None:
+            p["chunk"] = self.chunk
+        if self.window is not None or self.alibi_slopes is not None or self.chunk is not None:
             p["window_align"] = self.window_align   # ALiBi distances use the same alignment (ATTN-ALIBI-1)
         if self.softcap is not None:
             p["softcap"] = self.softcap

@@ -160,6 +160,8 @@ def tiled_case(case, **blocks) -> tuple[np.ndarray, np.ndarray]:
     """`tiled_forward` of a Case (no boolean mask or bias: those are dense by nature)."""
     if case.mask is not None or case.bias is not None:
         raise ValueError("the tiled reference takes no boolean mask or bias array; use reference.oracle")
+    if case.chunk is not None:
+        raise ValueError("the tiled reference has no chunked local attention; use reference.oracle")
     return tiled_forward(case.q, case.k, case.v, causal=case.causal, scale=case.scale, q_lengths=case.q_lengths,
                          kv_lengths=case.kv_lengths, window=case.window, window_align=case.window_align,
                          softcap=case.softcap, alibi_slopes=case.alibi_slopes, sinks=case.sinks, **blocks)

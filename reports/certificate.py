@@ -146,6 +146,7 @@ def render_markdown(cert: dict[str, Any], clauses: list[Clause] | None = None) -
             lines.append(f"- {md(d['id'])} ({md(d['clause'])}, {md(d['kind'])}): region {md(d.get('region', ''))}, "
                          f"instead {md(d.get('instead', ''))}{bound}; {md(where)}; witness: "
                          f"{md(d.get('witness_status', 'not run'))}. {md(d.get('reason', ''))}"
+                         + (f" ({md(d['measured'])})" if d.get("measured") else "")
                          + (f" {md(d['link'])}" if d.get("link") else ""))
     else:
         lines.append("None.")

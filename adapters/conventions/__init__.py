@@ -11,6 +11,9 @@ terms (layout, log base, the value of an empty row):
 | `flash_attn_kvcache` | `flash_attn.flash_attn_with_kvcache` | `flash_attn_kvcache.py` |
 | `flashinfer_prefill` | `flashinfer.single_prefill_with_kv_cache` | `flashinfer_prefill.py` |
 | `flashinfer_decode` | `flashinfer.single_decode_with_kv_cache` | `flashinfer_decode.py` |
+| `flash_attn3` | flash-attention 3 (hopper) `flash_attn_interface.flash_attn_func` | `flash_attn3.py` |
+| `flash_attn4` | flash-attention 4 (cute) `flash_attn.cute.flash_attn_func` | `flash_attn4.py` |
+| `sageattn` | `sageattention.sageattn` | `sageattn.py` |
 | `flashmla_kvcache` | `flash_mla.flash_mla_with_kvcache` (+ its module's `get_mla_metadata`) | `flashmla_kvcache.py` |
 | `flashmla_sparse` | `flash_mla.flash_mla_sparse_fwd` | `flashmla_sparse.py` |
 | `flashinfer_batch_prefill` | `flashinfer.BatchPrefillWithPagedKVCacheWrapper` (the class) | `flashinfer_batch_prefill.py` |
@@ -31,6 +34,10 @@ MODULES = {
     "flash_attn_kvcache": "flash_attn_kvcache",
     "flashinfer_prefill": "flashinfer_prefill",
     "flashinfer_decode": "flashinfer_decode",
+    # issue 26, part a: flash-attention 3 and 4, SageAttention
+    "flash_attn3": "flash_attn3",
+    "flash_attn4": "flash_attn4",
+    "sageattn": "sageattn",
     # issue 26, part b: MLA, DeepSeek sparse attention, FlashInfer's paged batch wrappers
     "flashmla_kvcache": "flashmla_kvcache",
     "flashmla_sparse": "flashmla_sparse",

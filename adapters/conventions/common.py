@@ -61,7 +61,7 @@ def bottom_right_requirements(case: Case) -> set[str]:
     (the flash-attention and FlashInfer conventions align bottom-right and say nothing else)."""
     f = set(case.features())
     if alignments_coincide(case):
-        for kind in ("causal", "window"):
+        for kind in ("causal", "window", "chunk"):
             if f"{kind}_top_left" in f:
                 f.discard(f"{kind}_top_left")
                 f.add(f"{kind}_bottom_right")
@@ -97,6 +97,8 @@ class Convention:
     max_head_dim: int | None = None
     notes: dict[str, str] = field(default_factory=dict)
     writes: tuple[str, ...] = ()      # arguments the convention lets the kernel write (a KV cache's appends)
+    # the accuracy contract an undeclared kernel is held to (conformance/alternatives_contracts.py); None = exact
+    contract: dict[str, Any] | None = None
 
     def requirements(self, case: Case) -> set[str]:
         return bottom_right_requirements(case)
@@ -161,6 +163,7 @@ class ConventionAdapter(Adapter):
         self.capabilities = conv.default
         self.max_head_dim = conv.max_head_dim
         self.scope_source = f"full {conv.name} convention (no declaration)"
+        self.contract = conv.contract
         limit_threads()
 
     # -- scope --------------------------------------------------------------------------
@@ -227,7 +230,10 @@ class ConventionAdapter(Adapter):
                 raise NotSupported(f"{self.name} raised {type(exc).__name__}: {first_line(exc)}") from None
             raise KernelError(f"kernel raised {type(exc).__name__}: {first_line(exc)}") from exc
         for n, t in before.items():
-            if not torch.equal(torch.nan_to_num(t), torch.nan_to_num(watch[n].detach())):
+            now = watch[n].detach()
+            if t.is_floating_point() and t.element_size() == 1:      # FP8: nan_to_num has no kernel for it
+                t, now = t.float(), now.float()
+            if not torch.equal(torch.nan_to_num(t), torch.nan_to_num(now)):
                 raise ConventionViolation("ATTN-OP-8", f"kernel mutated its input `{n}` in place")
         return ret
 
