@@ -211,11 +211,11 @@ def declare(adapter: Adapter, fn: Any, capabilities_file: str | None, *,
     apply(adapter, parse(decl, source=source, full=Scope.of(adapter), expressible=expressible,
                          convention=adapter.convention or adapter.backend))
     if isinstance(decl, dict) and ("quantization" in decl or "accuracy" in decl):
-        from attnconf.conformance.alternatives_contracts import ContractError, parse as parse_contract
+        from .accuracy_contract import ContractError as AccuracyContractError, parse as parse_contract
 
         try:
-            adapter.contract = parse_contract(decl, source)
-        except ContractError as exc:
+            adapter.accuracy_contract = parse_contract(decl, source)
+        except AccuracyContractError as exc:
             raise ScopeError(str(exc)) from None
     return adapter
 

@@ -95,6 +95,7 @@ WITNESS = {
     "fa3_chunk_off_by_one": dict(chunk=4, Lq=12, Lk=12),
     "fa3_chunk_top_left": dict(chunk=4, Lq=5, Lk=11),
     "fa3_causal_window_misaligned": dict(causal="bottom_right", Lq=5, Lk=11),
+    "fa3_chunk_ignores_causal": dict(chunk=4, causal="bottom_right", Lq=12, Lk=12),
     "fa3_softcap_after_mask": dict(causal="bottom_right", softcap=2.0, Lq=8, Lk=8),
     "fa3_lse_empty_plus_inf": dict(causal="bottom_right", Lq=11, Lk=5),
     "fa3_fp8_descale_per_tensor": dict(dtype="bfloat16", head_scale=[[1.0, 8.0], [0.25, 2.0]]),
@@ -105,6 +106,7 @@ WITNESS = {
     "sage_q_block_64": dict(Lq=130, Lk=70, D=64),
     "sage_kv_tail_unmasked": dict(Lq=16, Lk=70, D=64),
     "sage_gqa_modulo": dict(Lq=16, Lk=20, D=32, Hq=4, Hkv=2),
+    "sage_accuracy_class_gqa_modulo": dict(Lq=16, Lk=20, D=32, Hq=4, Hkv=2),
 }
 
 

@@ -98,7 +98,7 @@ class Convention:
     notes: dict[str, str] = field(default_factory=dict)
     writes: tuple[str, ...] = ()      # arguments the convention lets the kernel write (a KV cache's appends)
     # the accuracy contract an undeclared kernel is held to (conformance/alternatives_contracts.py); None = exact
-    contract: dict[str, Any] | None = None
+    accuracy_contract: dict[str, Any] | None = None
 
     def requirements(self, case: Case) -> set[str]:
         return bottom_right_requirements(case)
@@ -163,7 +163,7 @@ class ConventionAdapter(Adapter):
         self.capabilities = conv.default
         self.max_head_dim = conv.max_head_dim
         self.scope_source = f"full {conv.name} convention (no declaration)"
-        self.contract = conv.contract
+        self.accuracy_contract = conv.accuracy_contract
         limit_threads()
 
     # -- scope --------------------------------------------------------------------------

@@ -54,7 +54,7 @@ OUTSIDE = ("boolean masks", "additive bias", "query/key padding", "dropout", "AL
 
 
 def fp8_scheme(ad: ConventionAdapter) -> bool:
-    contract = getattr(ad, "contract", None) or {}
+    contract = getattr(ad, "accuracy_contract", None) or {}
     return contract.get("quantization", {}).get("scheme") == "fp8_e4m3_per_head"
 
 

@@ -51,7 +51,7 @@ class SageAttn(Convention):
         q, k, v = (ad.tensor(x, case.dtype) for x in (case.q, case.k, case.v))
         if nhd:
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        contract = getattr(ad, "contract", None) or {}
+        contract = getattr(ad, "accuracy_contract", None) or {}
         smooth = bool(contract.get("quantization", {}).get("smooth_k", True))
         kwargs = dict(q=q, k=k, v=v, tensor_layout="NHD" if nhd else "HND", is_causal=case.causal is not None,
                       sm_scale=None if case.scale is None else float(case.scale), smooth_k=smooth)
@@ -71,4 +71,4 @@ class SageAttn(Convention):
 
 CONVENTION = SageAttn(
     name="sageattn", entry="sageattention.sageattn", keywords=KEYWORDS, features=FEATURES,
-    default=FEATURES, outside=OUTSIDE, dtypes=("float16", "bfloat16"), max_head_dim=128, contract=CONTRACT)
+    default=FEATURES, outside=OUTSIDE, dtypes=("float16", "bfloat16"), max_head_dim=128, accuracy_contract=CONTRACT)

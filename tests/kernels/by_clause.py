@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 # catalogue module -> (backend it runs on, whether it needs torch); a kernel's convention comes from itself
 CATALOGUES = {"clause_bugs": ("numpy", False), "variant_bugs": ("numpy", False), "buggy": ("torch", True),
-              "flash_buggy": ("torch", True)}
+              "flash_buggy": ("torch", True), "kernels2026_a": ("torch", True), "kernels2026_b": ("torch", True)}
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ def kernels() -> tuple[Kernel, ...]:
     for module in available():
         mod = importlib.import_module(f"tests.kernels.{module}")
         for name, fn in mod.BUGS.items():
+            fn = getattr(mod, name)                          # a catalogue may map names to (convention, clause)
             out.append(Kernel(module, name, fn.clause, CATALOGUES[module][0], getattr(fn, "convention", None)))
     return tuple(out)
 

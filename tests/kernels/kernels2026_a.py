@@ -20,12 +20,12 @@ BUGS: dict[str, tuple[str, str]] = {}             # name -> (convention, clause)
 
 
 def _visible(lq: int, lk: int, *, causal: bool, window, chunk: int, top_left_chunk: bool = False,
-             chunk_extra: int = 0, causal_top_left: bool = False) -> torch.Tensor:
+             chunk_extra: int = 0, causal_top_left: bool = False, chunk_ignores_causal: bool = False) -> torch.Tensor:
     """(Lq, Lk) bool: the bottom-right causal / window / chunk visibility (the spec's, unless a defect asks)."""
     i = torch.arange(lq)[:, None] + (lk - lq)
     j = torch.arange(lk)[None, :]
     vis = torch.ones(lq, lk, dtype=torch.bool)
-    if causal:
+    if causal and not (chunk and chunk_ignores_causal):
         vis &= j <= (i - (lk - lq) if causal_top_left else i)
     left, right = window
     if left is not None and left >= 0:
@@ -71,6 +71,8 @@ def _register(table: dict, name: str, value: Any, caps: dict | None, fn: Callabl
     fn.__name__ = fn.__qualname__ = name
     if caps is not None:
         fn.attnconf_capabilities = caps
+    if isinstance(value, tuple):                      # a one-defect kernel: what tests/kernels/by_clause.py reads
+        fn.convention, fn.clause = value
     table[name] = value
     globals()[name] = fn
     return fn
@@ -92,7 +94,8 @@ def _fa3(name: str, clause: str | None, caps: dict | None = None, **defect) -> C
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
         vis = _visible(q.shape[1], k.shape[1], causal=causal, window=window_size, chunk=attention_chunk,
                        top_left_chunk=defect.get("top_left_chunk", False), chunk_extra=defect.get("chunk_extra", 0),
-                       causal_top_left=defect.get("causal_top_left", False))
+                       causal_top_left=defect.get("causal_top_left", False),
+                       chunk_ignores_causal=defect.get("chunk_ignores_causal", False))
         out, lse = _attend(q, k, v, scale=scale, vis=vis, softcap=softcap,
                            softcap_after_mask=defect.get("softcap_after_mask", False),
                            empty_lse=defect.get("empty_lse", float("-inf")))
@@ -106,7 +109,8 @@ _fa3("fa3_flash_attn_func", None)
 _fa3("fa3_chunk_off_by_one", "ATTN-CHUNK-1", chunk_extra=1)
 _fa3("fa3_chunk_top_left", "ATTN-CHUNK-1", top_left_chunk=True)
 _fa3("fa3_causal_window_misaligned", "ATTN-CAUSAL-1", causal_top_left=True)
-_fa3("fa3_softcap_after_mask", "ATTN-CAP-2", softcap_after_mask=True)
+_fa3("fa3_chunk_ignores_causal", "ATTN-CHUNK-2", chunk_ignores_causal=True)   # the chunk replaces causal
+_fa3("fa3_softcap_after_mask", "ATTN-CAP-1", softcap_after_mask=True)
 _fa3("fa3_lse_empty_plus_inf", "ATTN-LSE-2", empty_lse=float("inf"))
 FP8 = {"dtypes": ["bfloat16"], "grads": False, "quantization": {"scheme": "fp8_e4m3_per_head"},
        "features": ["gqa", "custom_scale", "cross", "lse"]}
@@ -191,6 +195,8 @@ _sage("sage_truncating_int8", "ATTN-QUANT-3", SAGE, truncate=True)
 _sage("sage_q_block_64", "ATTN-QUANT-3", SAGE, q_block=64)
 _sage("sage_kv_tail_unmasked", "ATTN-QUANT-3", SAGE, tail_keys_zero=True)
 _sage("sage_gqa_modulo", "ATTN-QUANT-3", SAGE, gqa_modulo=True)
+_sage("sage_accuracy_class_gqa_modulo", "ATTN-QUANT-2", {**SAGE, "accuracy": {"cosine": 0.99, "rel_l1": 0.1}},
+      gqa_modulo=True)
 # the control itself, declared causal: smooth-K and per-block K scales read keys past the cutoff
 _sage("sage_causal", "ATTN-CAUSAL-2", {"features": ["causal_bottom_right", "gqa", "custom_scale", "noncontiguous"]})
 
