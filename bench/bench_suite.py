@@ -49,7 +49,7 @@ def summarise(run: SuiteRun) -> dict:
 def bench_backends(backends: list[str], profile: str, tmp: Path) -> dict:
     out = {}
     for backend in backends:
-        run = run_suite(backend, tmp / f"{backend}.json", profile=profile, extra=("--durations=15",))
+        run = run_suite(backend, tmp / f"{backend}.json", profile=profile, extra=("--durations=15",), in_process=False)
         out[backend] = summarise(run)
         print(f"{backend}: rc={run.returncode} {run.wall_s:.1f} s {out[backend]['statuses']}", flush=True)
     return out
@@ -59,7 +59,7 @@ def bench_catalogue(bugs: list[str], profile: str, tmp: Path, correct: bool) -> 
     table = []
     for name in bugs:
         run = run_suite("torch", tmp / f"bug-{name}.json", kernel=f"tests.kernels.buggy:{name}", profile=profile,
-                        stop_at_first=True)
+                        stop_at_first=True, in_process=False)
         f = run.first_failure or {}
         row = {"bug": name, "caught": run.returncode == 1 and bool(f), "returncode": run.returncode,
                "caught_by": run.caught_by, "examples": f.get("examples"), "test_s": f.get("duration_s"),
@@ -76,7 +76,7 @@ def bench_catalogue(bugs: list[str], profile: str, tmp: Path, correct: bool) -> 
         result["correct"] = {}
         for name in ("naive", "tiled"):
             run = run_suite("torch", tmp / f"correct-{name}.json", kernel=f"tests.kernels.correct:{name}",
-                            profile=profile)
+                            profile=profile, in_process=False)
             result["correct"][name] = {**summarise(run), "first_failure": run.first_failure}
             print(f"correct {name}: rc={run.returncode} {run.wall_s:.1f} s", flush=True)
     return result
