@@ -149,5 +149,5 @@ def first_failure(data: dict[str, Any] | None) -> dict[str, Any] | None:
     for rec in (data or {}).get("records", []):
         if rec.get("status") in ("fail", "error"):
             return {k: rec.get(k) for k in ("nodeid", "test", "status", "examples", "duration_s", "clauses",
-                                            "message", "case")}
+                                            "failed_clause", "message", "case")}
     return None

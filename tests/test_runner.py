@@ -32,8 +32,9 @@ SAMPLE = [
 def _summary(run) -> dict:
     f = run.first_failure or {}
     return {"returncode": run.returncode, "verdict": (run.report or {}).get("verdict", {}).get("verdict"),
-            "caught_by": run.caught_by, "clauses": f.get("clauses"), "examples": f.get("examples"),
-            "status": f.get("status"), "records": len((run.report or {}).get("records", []))}
+            "caught_by": run.caught_by, "clauses": f.get("clauses"), "failed_clause": f.get("failed_clause"),
+            "examples": f.get("examples"), "status": f.get("status"),
+            "records": len((run.report or {}).get("records", []))}
 
 
 @pytest.mark.slow
