@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_catalogue:
             kernels = catalogue_kernels(args.bugs.split(",") if args.bugs else None)
             results["catalogue"] = bench_catalogue(kernels, results["floor"], args.profile, Path(tmp))
+            results["catalogue"]["sample"] = args.bugs        # None: the whole catalogue
         if not args.no_certify:
             results["certify"] = bench_certify(args.profile, Path(tmp))
         if backends:

@@ -38,8 +38,9 @@ def render(results: dict[str, Any]) -> str:
     cat = results.get("catalogue")
     bound = TARGET_FIRST_FAILURE_FLOORS
     if cat and cat.get("wall_s") is not None:
+        sample = f", a sample: --bugs {cat['sample']}" if cat.get("sample") else ""
         lines.append(f"| catalogue, time to the first failure with -x, median over {cat['caught']} caught of "
-                     f"{cat['total']} (each against its framework's floor) | {cat['wall_s']:.2f} | "
+                     f"{cat['total']} (each against its framework's floor{sample}) | {cat['wall_s']:.2f} | "
                      f"{cat['wall_floors']:.1f} | {cat['cpu_s']:.2f} | {cat['cpu_floors']:.1f} | ≤ {bound:g} × floor "
                      f"| {_yes(cat['wall_floors'] <= bound)} |")
         w = cat["worst"]
