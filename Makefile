@@ -10,7 +10,7 @@ STAMP   := .venv/.attnconf-setup-2
 export OPENBLAS_NUM_THREADS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup lock report test test-own test-install test-suites test-catalogue test-proof test-long long clean
+.PHONY: setup lock report test test-own test-install test-suites test-catalogue test-proof test-long long bench clean
 
 setup: $(STAMP)
 
@@ -63,7 +63,7 @@ test-suites: setup
 # test_verdicts first: its hanging-kernel run (up to 5 min) then overlaps the catalogue on the other worker
 test-catalogue: setup
 	$(PY) -m pytest tests/test_verdicts.py tests/test_catalogue.py tests/test_catalogue_conventions.py \
-	    tests/test_variant_catalogue.py tests/test_catalogue_2026_a.py tests/test_catalogue_2026_b.py -q \
+	    tests/test_variant_catalogue.py tests/test_catalogue_2026_a.py tests/test_catalogue_2026_b.py tests/test_runner.py -q \
 	    -m "slow and not long" -p no:cacheprovider -n 2 --durations=10
 
 # the clause-by-clause proof, re-measured: one restricted suite run per normative clause (bench/clause_proof.json,
@@ -71,6 +71,11 @@ test-catalogue: setup
 test-proof: setup
 	$(PY) -m bench.clause_proof && $(PY) -m bench.clause_proof --render
 	$(PY) -m pytest tests/test_boundaries.py -q -m slow -p no:cacheprovider -s
+
+# How fast the suite is here, against the floor (interpreter + framework imports): bench/results.json and the
+# README's speed table. BENCH_ARGS adds the long parts: --all-backends, --make-test, --make-report.
+bench: setup
+	$(PY) bench/bench_suite.py $(BENCH_ARGS)
 
 test-long: setup
 	$(PY) -m pytest tests/test_catalogue_conventions.py tests/test_catalogue_2026_a.py tests/test_catalogue_2026_b.py -q -m long -p no:cacheprovider -n 2

@@ -60,7 +60,7 @@ def catalogue() -> dict[str, str]:
 def timed(kernel: str, convention: str, report: Path, profile: str, stop: bool):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     run = run_suite("torch", report, kernel=kernel, profile=profile, stop_at_first=stop,
-                    extra=(f"--convention={convention}",))
+                    extra=(f"--convention={convention}",), in_process=False)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return run, round(cpu, 2)

@@ -33,7 +33,8 @@ def main() -> int:
         seeds = [int(x) for x in args.seed_list.split(",")] if args.seed_list else range(1, args.seeds + 1)
         for seed in seeds:
             run = run_suite(backend, tmp / f"{backend}-{seed}.json", extra=(f"--hypothesis-seed={seed}",
-                                                                             f"--failures-dir={tmp / 'failures'}"))
+                                                                             f"--failures-dir={tmp / 'failures'}"),
+                            in_process=False)
             verdict = (run.report or {}).get("verdict", {}).get("verdict", "no run file")
             fails = [{"nodeid": r["nodeid"], "message": r["message"], "case": r["case"]}
                      for r in (run.report or {}).get("records", []) if r["status"] in ("fail", "error", "crashed", "timeout")]

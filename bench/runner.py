@@ -1,13 +1,25 @@
-"""Run the conformance suite in a subprocess and summarise its run JSON.
+"""Run the conformance suite, in this process or in a subprocess, and summarise its run JSON.
 
-Shared by tests/test_catalogue.py (does the suite catch each planted bug?) and
-bench/bench_suite.py (how long does a run take, how soon is a bug caught?).
-A subprocess per run keeps one framework per process and makes each run's
-wall time honest (interpreter start, framework import and collection included).
+Shared by the catalogue tests (tests/test_catalogue*.py: does the suite catch each planted bug?) and
+the benchmarks in bench/ (how long does a run take, how soon is a bug caught?).
+
+By default a run is a fresh pytest session in this interpreter (`pytest.main`): the catalogue's
+hundred-odd runs then import Python, torch and the suite once per process instead of once per kernel.
+Each run still gets its own pytest config, plugin session, run file and Hypothesis profile (restored
+afterwards), so its verdict is the one a separate `pytest conformance` process gives
+(tests/test_runner.py compares the two on a sample of kernels). `in_process=False`, or the
+environment variable ATTNCONF_SUITE_SUBPROCESS=1, runs it in a subprocess instead: that keeps one
+framework per process (several backends in one script) and makes the run's wall and CPU time the
+whole process's (interpreter start, framework import and collection included), as the time-to-first-
+failure benchmark needs.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -58,24 +70,78 @@ class SuiteRun:
 
 
 def run_suite(backend: str, report: Path, *, kernel: str | None = None, profile: str = "ci",
-              stop_at_first: bool = False, extra: tuple[str, ...] = (), timeout_s: float = 900) -> SuiteRun:
-    """Run `python -m pytest conformance --backend=...` from the repository root."""
+              stop_at_first: bool = False, extra: tuple[str, ...] = (), timeout_s: float = 900,
+              in_process: bool | None = None) -> SuiteRun:
+    """Run `pytest conformance --backend=...` from the repository root: in this interpreter unless
+    `in_process` is False (None: in this interpreter unless ATTNCONF_SUITE_SUBPROCESS=1)."""
     report = Path(report)
     report.unlink(missing_ok=True)
-    args = [sys.executable, "-m", "pytest", "conformance", f"--backend={backend}", "-q", "-p", "no:randomly",
+    args = ["conformance", f"--backend={backend}", "-q", "-p", "no:randomly",
             f"--hypothesis-profile={profile}", f"--report={report}", "-W", "ignore::UserWarning"]
     if kernel:
         args.append(f"--kernel={kernel}")
     if stop_at_first:
         args.append("-x")
     args.extend(extra)
+    if in_process is None:
+        in_process = os.environ.get("ATTNCONF_SUITE_SUBPROCESS", "") in ("", "0")
     t0 = time.perf_counter()
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    if in_process:
+        returncode, output = pytest_in_process(args, timeout_s)
+    else:
+        proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout_s)
+        returncode, output = proc.returncode, proc.stdout + proc.stderr
     wall = time.perf_counter() - t0
     data = json.loads(report.read_text()) if report.exists() else None
-    run = SuiteRun(args[1:], proc.returncode, wall, data, proc.stdout + proc.stderr)
+    run = SuiteRun(["-m", "pytest", *args], returncode, wall, data, output)
     run.first_failure = first_failure(data)
     return run
+
+
+def pytest_in_process(args: list[str], timeout_s: float) -> tuple[int, str]:
+    """`pytest.main(args)` from the repository root as a separate run would see it: (exit code, output).
+
+    What a session changes in the interpreter is put back afterwards: the working directory, the
+    active Hypothesis profile, the SIGTERM handler the plugin installs, sys.path, and the test modules
+    of conformance/ (re-imported by the next run, so no module-level state carries over; the
+    frameworks and the suite's own modules stay imported, which is the point). `timeout_s` becomes
+    the run's --run-timeout (no test starts after it) unless `args` name one."""
+    import pytest
+    from hypothesis import settings
+
+    if not any(a.startswith("--run-timeout") for a in args):
+        args = [*args, f"--run-timeout={timeout_s:g}"]
+    profile = settings.get_current_profile_name()
+    sigterm = signal.getsignal(signal.SIGTERM) if _main_thread() else None
+    path, cwd = list(sys.path), os.getcwd()
+    before = set(sys.modules)
+    out = io.StringIO()
+    try:
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            returncode = int(pytest.main(args))
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = path
+        settings.load_profile(profile)
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
+        for name in [m for m in sys.modules if m not in before and _is_test_module(m)]:
+            del sys.modules[name]
+    return returncode, out.getvalue()
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _is_test_module(name: str) -> bool:
+    """A module pytest imported as a test file or conftest (not the suite's engine, which stays)."""
+    last = name.rsplit(".", 1)[-1]
+    return last.startswith("test_") or last == "conftest"
 
 
 def first_failure(data: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -83,5 +149,5 @@ def first_failure(data: dict[str, Any] | None) -> dict[str, Any] | None:
     for rec in (data or {}).get("records", []):
         if rec.get("status") in ("fail", "error"):
             return {k: rec.get(k) for k in ("nodeid", "test", "status", "examples", "duration_s", "clauses",
-                                            "message", "case")}
+                                            "failed_clause", "message", "case")}
     return None
