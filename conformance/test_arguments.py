@@ -22,6 +22,7 @@ import numpy as np
 
 from attnconf.conformance import strategies as st
 from attnconf.conformance.harness import clauses, expect, expect_close, first, for_cases, run
+from attnconf.conformance.nan_aware import max_gap
 from attnconf.conformance.scope_fit import fit
 from attnconf.conformance.tolerance import judge_output
 from attnconf.reference import Case, oracle
@@ -59,7 +60,7 @@ def check_probe(impl, case: Case, feature: str) -> None:
     if r_on is None or r_off is None:
         return
     what = describe(on, feature)
-    moved = float(np.nanmax(np.abs(r_on.out - r_off.out), initial=0.0))
+    moved = max_gap(r_on.out, r_off.out)
     j_off = judge_output(r_off.out, off)
     if feature == "dropout":
         expect(moved > 2 * j_off.allowed_max, "ATTN-ARG-1",
@@ -74,8 +75,8 @@ def check_probe(impl, case: Case, feature: str) -> None:
     ref_on, ref_off = oracle(on).out, oracle(off).out
     a = j_off.allowed_max
     with np.errstate(invalid="ignore"):
-        spec_moves = np.nanmax(np.abs(ref_on - ref_off), axis=-1, initial=0.0) > 4 * a
-        stays = np.nanmax(np.abs(r_on.out - ref_off), axis=-1, initial=0.0) <= a
+        spec_moves = max_gap(ref_on, ref_off, axis=-1) > 4 * a
+        stays = max_gap(r_on.out, ref_off, axis=-1) <= a
     ignored = np.argwhere(spec_moves & stays)
     if ignored.size:
         row = tuple(int(i) for i in ignored[0])
