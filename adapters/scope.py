@@ -10,6 +10,7 @@ its module need not import attnconf:
         "features": ["causal_bottom_right", "window_bottom_right", "softcap", "gqa", "lse", ...],
         "head_dims": [64, 128],              # or {"max": 256}
         "max_seqlen": 8192,                  # longest Lq or Lk
+        "deterministic": False,              # reruns may differ bitwise (default true: ATTN-DET-1)
     }
 
 or from outside with `--capabilities=FILE.toml` holding the same keys at top level
@@ -52,6 +53,7 @@ class Scope:
     max_head_dim: int | None = None
     max_seqlen: int | None = None
     source: str = "built-in"
+    deterministic: bool = True
 
     @classmethod
     def of(cls, adapter: Adapter) -> "Scope":
@@ -59,7 +61,7 @@ class Scope:
         caps = set(adapter.capabilities)
         return cls(tuple(adapter.dtypes), "grads" in caps, "dropout" in caps,
                    frozenset(caps - {"grads", "dropout"}), adapter.head_dims, adapter.max_head_dim,
-                   adapter.max_seqlen, adapter.scope_source)
+                   adapter.max_seqlen, adapter.scope_source, adapter.deterministic)
 
     def capabilities(self) -> frozenset[str]:
         return self.features | ({"grads"} if self.grads else set()) | ({"dropout"} if self.dropout else set())
@@ -146,7 +148,9 @@ def parse(decl: Any, *, source: str, full: Scope, expressible: frozenset[str] | 
         else:
             raise ScopeError(f"{source}: 'head_dims' must be a non-empty list of integers or {{max = N}}; got {hd!r}")
     max_seqlen = _positive(decl["max_seqlen"], "max_seqlen", source) if "max_seqlen" in decl else full.max_seqlen
-    return Scope(dtypes, flags["grads"], flags["dropout"], features, head_dims, max_head_dim, max_seqlen, source)
+    deterministic = _bool(decl["deterministic"], "deterministic", source) if "deterministic" in decl else full.deterministic
+    return Scope(dtypes, flags["grads"], flags["dropout"], features, head_dims, max_head_dim, max_seqlen, source,
+                 deterministic)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -182,6 +186,7 @@ def apply(adapter: Adapter, scope: Scope) -> Adapter:
     adapter.capabilities = scope.capabilities()
     adapter.head_dims, adapter.max_head_dim, adapter.max_seqlen = scope.head_dims, scope.max_head_dim, scope.max_seqlen
     adapter.scope_source = scope.source
+    adapter.deterministic = scope.deterministic
     return adapter
 
 
@@ -225,6 +230,8 @@ def scope_sentence(scope: dict[str, Any]) -> str:
         parts.append("head dims " + "/".join(map(str, hd)))
     if limits.get("max_seqlen"):
         parts.append(f"sequences up to {limits['max_seqlen']}")
+    if scope.get("deterministic") is False:
+        parts.append("declared nondeterministic (reruns not required to be bitwise equal; their spread is recorded)")
     text = "certified for " + ", ".join(parts)
     missing = [d for d in DTYPE_NAMES if d not in scope["dtypes"]]
     missing += [] if scope["grads"] else ["gradients"]

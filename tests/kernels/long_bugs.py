@@ -38,17 +38,19 @@ def _blocked(defect: str | None):
         out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
         for i0 in range(0, lq, ROWS):
             i1 = min(i0 + ROWS, lq)
+            # causal rows see no key past their last row (one more for the future-key defect): skip those
+            kend = min(lk, i1 + 1) if is_causal and mask is None else lk
             rows = torch.arange(i0, i1, device=q.device)[:, None]
-            cols = torch.arange(lk, device=q.device)[None, :]
-            vis = torch.ones(i1 - i0, lk, dtype=torch.bool, device=q.device)
+            cols = torch.arange(kend, device=q.device)[None, :]
+            vis = torch.ones(i1 - i0, kend, dtype=torch.bool, device=q.device)
             if is_causal:                                   # top-left: key j visible to query i iff j <= i
                 vis = cols <= rows + (1 if defect == "future_key" else 0)
             if defect == "last_4096":
                 vis = vis & (cols > rows - SHORT)
-            s = sc * (q[..., i0:i1, :] @ k.transpose(-2, -1))
-            s, vis = apply_masks(s, None if mask is None else mask[..., i0:i1, :], False, vis)
+            s = sc * (q[..., i0:i1, :] @ k[..., :kend, :].transpose(-2, -1))
+            s, vis = apply_masks(s, None if mask is None else mask[..., i0:i1, :kend], False, vis)
             w = vis / vis.sum(dim=-1, keepdim=True).clamp(min=1) if defect == "uniform" else softmax(s, vis)
-            out[..., i0:i1, :] = weighted_values(dropout(w.to(q.dtype), dropout_p), v)
+            out[..., i0:i1, :] = weighted_values(dropout(w.to(q.dtype), dropout_p), v[..., :kend, :])
         return out.to(query.dtype)
 
     return kernel
