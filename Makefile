@@ -67,7 +67,7 @@ test-catalogue: setup
 	    -m "slow and not long" -p no:cacheprovider -n 2 --durations=10
 
 test-long: setup
-	$(PY) -m pytest tests/test_catalogue_conventions.py -q -m long -p no:cacheprovider -n 2
+	$(PY) -m pytest tests/test_catalogue_conventions.py tests/test_long_catalogue.py -q -m long -p no:cacheprovider -n 2
 
 long: setup
 	$(PY) -m pytest conformance --backend=torch --long --measure-memory -k "long or memory" -q

@@ -6,8 +6,9 @@ Here every query row i points along one of TOPICS orthogonal directions (its top
 topic point the same way: their logits stand SHARP above the rest (whose logits spread about 1.4 around
 0), so a row's output is a weighted mean of the values of its topic's visible sharp keys. The sharp keys
 of a topic sit far back (one in the first 128 positions), spread over the sequence, just past
-ALIAS_AT (positions 16384 and up, where a 14-bit key index wraps), on every sampled row itself and on the
-key right after it (which the row must not see). Sampled are every boundary a kernel branches on (tile
+ALIAS_AT (positions 16384 and up, where a 14-bit key index wraps; these stand higher still, so the rows
+past ALIAS_AT hang mostly on keys past it), on every sampled row itself and on the key right after it
+(which the row must not see). Sampled are every boundary a kernel branches on (tile
 edges, powers of two, one past them, the last rows) and random rows, more of them far back.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ ALIAS_AT = 16384
 HEAD_DIM = 64
 TOPICS = 64
 SHARP = 16.0                            # a sharp key's logit, after the 1/sqrt(d) scale
+LATE_GAIN = 1.15                        # sharp keys past ALIAS_AT: logit about 18.4, e^2.4 = 11 x the weight
 SAMPLED_ROWS = 64
 FAR_BACK = 128
 
@@ -58,6 +60,8 @@ def long_case(length: int, dtype: str, rng: np.random.Generator, rows: np.ndarra
     key_topic[rows] = topic[rows]
     sharp = key_topic >= 0
     k[sharp] *= 0.25
-    k[np.nonzero(sharp)[0], key_topic[sharp]] += amp
+    # past ALIAS_AT a sharp key stands LATE_GAIN higher still, so the rows there hang mostly on keys there
+    gain = np.where(np.arange(length) >= ALIAS_AT, LATE_GAIN, 1.0)
+    k[np.nonzero(sharp)[0], key_topic[sharp]] += amp * gain[sharp]
     v = rng.normal(size=(length, d))
     return Case.build(*(x[None, None] for x in (q, k, v)), dtype=dtype, causal="top_left", seed=length)

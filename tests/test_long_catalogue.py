@@ -62,6 +62,7 @@ def test_keys_past_the_alias_point_are_sharp():
     assert (np.abs(k[ALIAS_AT:ALIAS_AT + 2048]).max(axis=-1) > 8).sum() >= 64
 
 
+CASE_TIMEOUT_S = 1800     # one call at L = 32769 in float64 takes minutes on a shared 2-core machine
 LONG_BUGS = ("long_scale_1_over_d", "long_positions_alias", "long_one_future_key", "long_uniform_mean",
              "long_last_4096_keys")
 
@@ -75,7 +76,7 @@ def test_long_suite_judges_long_kernel(name, tmp_path):
 
     bug = name != "long_control"
     run = run_suite("torch", tmp_path / "run.json", kernel=f"tests.kernels.long_bugs:{name}", stop_at_first=bug,
-                    extra=("--long", "-k", "test_long_sequences"), timeout_s=3600)
+                    extra=("--long", "-k", "test_long_sequences", f"--case-timeout={CASE_TIMEOUT_S}"), timeout_s=3600)
     assert run.report is not None, run.output_tail
     if bug:
         assert run.returncode == 1, f"the suite did not catch {name}:\n{run.output_tail}"
@@ -83,4 +84,5 @@ def test_long_suite_judges_long_kernel(name, tmp_path):
             "ATTN-LONG-1" in str((run.first_failure or {}).get("message")), run.first_failure
         print(f"{name}: caught by {run.caught_by} in {run.wall_s:.0f} s")
     else:
-        assert run.returncode == 0, f"{name} failed: {run.first_failure}\n{run.output_tail}"
+        assert run.first_failure is None and run.returncode in (0, 2) and \
+            run.report["verdict"]["verdict"] != "NONCONFORMANT", f"{name} failed: {run.first_failure}\n{run.output_tail}"

@@ -107,7 +107,9 @@ def test_suite_passes_control(module, name, convention, tests, tmp_path):
 
     extra = ("-k", tests) + ((f"--convention={convention}",) if convention else ())
     run = run_suite("torch", tmp_path / "run.json", kernel=f"tests.kernels.{module}:{name}", extra=extra)
-    assert run.returncode == 0 and run.report is not None, f"{name} failed: {run.first_failure}\n{run.output_tail}"
+    # one test of the suite leaves other cells below the floor: INCOMPLETE (exit 2), never a failure
+    assert run.report is not None and run.first_failure is None and run.returncode in (0, 2) and \
+        run.report["verdict"]["verdict"] != "NONCONFORMANT", f"{name} failed: {run.first_failure}\n{run.output_tail}"
     scope = next(iter(run.report["scopes"].values()))
     assert scope.get("deterministic", True) is (name != "random_key_order_declared")
     if name == "random_key_order_declared":
