@@ -63,7 +63,7 @@ test-suites: setup
 # test_verdicts first: its hanging-kernel run (up to 5 min) then overlaps the catalogue on the other worker
 test-catalogue: setup
 	$(PY) -m pytest tests/test_verdicts.py tests/test_catalogue.py tests/test_catalogue_conventions.py \
-	    tests/test_variant_catalogue.py -q \
+	    tests/test_variant_catalogue.py tests/test_memory_determinism_catalogue.py -q \
 	    -m "slow and not long" -p no:cacheprovider -n 2 --durations=10
 
 test-long: setup
