@@ -110,7 +110,7 @@ def test_suite_passes_control(module, name, convention, tests, tmp_path):
     # one test of the suite leaves other cells below the floor: INCOMPLETE (exit 2), never a failure
     assert run.report is not None and run.first_failure is None and run.returncode in (0, 2) and \
         run.report["verdict"]["verdict"] != "NONCONFORMANT", f"{name} failed: {run.first_failure}\n{run.output_tail}"
-    scope = next(iter(run.report["scopes"].values()))
+    scope = next(iter(run.report["environment"]["scopes"].values()))
     assert scope.get("deterministic", True) is (name != "random_key_order_declared")
     if name == "random_key_order_declared":
         spreads = [o["value"] for o in run.report.get("observations", []) if o.get("key") == "rerun_spread"]
