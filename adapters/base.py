@@ -55,8 +55,8 @@ CAPABILITIES = frozenset({
     "latent",          # MLA's absorbed form: V is a prefix of the key's latent row (ATTN-MLA-1, flashmla_*)
 })
 # What a declared scope says besides features (adapters/scope.py); `scope()` uses the same words.
-SCOPE_KEYS = ("dtypes", "grads", "dropout", "features", "head_dims", "max_seqlen",
-              "quantization", "accuracy")    # the last two: an approximate kernel's contract (conformance/contracts.py)
+SCOPE_KEYS = ("dtypes", "grads", "dropout", "features", "head_dims", "max_seqlen", "deterministic",
+              "quantization", "accuracy")    # the last two: an approximate kernel's contract (adapters/accuracy_contract.py)
 
 
 class KernelError(Exception):
@@ -112,6 +112,7 @@ class Implementation:
     convention: str = ""                # how a --kernel is called ("sdpa", "flash_attn", ...); "" for built-ins
     scope_source: str = "built-in"      # where the scope came from: "built-in", "full convention", an attribute, a file
     trusted: bool = True                # False for third-party kernels
+    deterministic: bool = True          # False: declared nondeterministic (ATTN-DET-1 records its reruns' spread)
     example_budget: float = 1.0         # fraction of Hypothesis examples (COMPILES_PER_SHAPE: each new shape compiles)
     lse_dtypes: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")   # whose lse can be judged
     # features every case it runs must carry (a function that always reads sinks); only those the
@@ -218,7 +219,8 @@ class Adapter(Implementation, metaclass=ABCMeta):
                 "dtypes": [d for d in ("float64", "float32", "float16", "bfloat16") if d in self.dtypes],
                 "grads": "grads" in caps, "dropout": "dropout" in caps,
                 "features": sorted(caps - {"grads", "dropout"}), "limits": limits,
-                "not_covered": sorted(CAPABILITIES - caps - {"grads", "dropout"}), "outside_convention": []}
+                "not_covered": sorted(CAPABILITIES - caps - {"grads", "dropout"}), "outside_convention": [],
+                "deterministic": self.deterministic}
 
 class LayerAdapter(Implementation):
     """The layer protocol (ATTN-MHA-1): a multi-head attention layer loaded with a LayerCase's weights.

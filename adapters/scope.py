@@ -10,6 +10,7 @@ its module need not import attnconf:
         "features": ["causal_bottom_right", "window_bottom_right", "softcap", "gqa", "lse", ...],
         "head_dims": [64, 128],              # or {"max": 256}
         "max_seqlen": 8192,                  # longest Lq or Lk
+        "deterministic": False,              # reruns may differ bitwise (default true: ATTN-DET-1)
     }
 
 or from outside with `--capabilities=FILE.toml` holding the same keys at top level
@@ -55,6 +56,7 @@ class Scope:
     max_seqlen: int | None = None
     source: str = "built-in"
     contract: Contract | None = None  # documented behaviour and limits (adapters/contract.py)
+    deterministic: bool = True
 
     @classmethod
     def of(cls, adapter: Adapter) -> "Scope":
@@ -62,7 +64,7 @@ class Scope:
         caps = set(adapter.capabilities)
         return cls(tuple(adapter.dtypes), "grads" in caps, "dropout" in caps,
                    frozenset(caps - {"grads", "dropout"}), adapter.head_dims, adapter.max_head_dim,
-                   adapter.max_seqlen, adapter.scope_source)
+                   adapter.max_seqlen, adapter.scope_source, adapter.contract, adapter.deterministic)
 
     def capabilities(self) -> frozenset[str]:
         return self.features | ({"grads"} if self.grads else set()) | ({"dropout"} if self.dropout else set())
@@ -159,8 +161,9 @@ def parse(decl: Any, *, source: str, full: Scope, expressible: frozenset[str] | 
         features -= {f for f in ("noncontiguous", "broadcast_kv") if f not in reps}
         if not reps & {"paged", "page_size_256", "page_size_512"}:
             features -= {"paged"}
+    deterministic = _bool(decl["deterministic"], "deterministic", source) if "deterministic" in decl else full.deterministic
     return Scope(dtypes, flags["grads"], flags["dropout"], features, head_dims, max_head_dim, max_seqlen, source,
-                 contract)
+                 contract, deterministic)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -197,6 +200,7 @@ def apply(adapter: Adapter, scope: Scope) -> Adapter:
     adapter.head_dims, adapter.max_head_dim, adapter.max_seqlen = scope.head_dims, scope.max_head_dim, scope.max_seqlen
     adapter.scope_source = scope.source
     adapter.contract = scope.contract
+    adapter.deterministic = scope.deterministic
     return adapter
 
 
@@ -249,6 +253,8 @@ def scope_sentence(scope: dict[str, Any]) -> str:
         parts.append("head dims " + "/".join(map(str, hd)))
     if limits.get("max_seqlen"):
         parts.append(f"sequences up to {limits['max_seqlen']}")
+    if scope.get("deterministic") is False:
+        parts.append("declared nondeterministic (reruns not required to be bitwise equal; their spread is recorded)")
     text = "certified for " + ", ".join(parts)
     missing = [d for d in DTYPE_NAMES if d not in scope["dtypes"]]
     missing += [] if scope["grads"] else ["gradients"]

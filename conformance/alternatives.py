@@ -426,7 +426,7 @@ def _half_accumulation(entry, case, res, masks) -> Verdict:
 
     ref = oracle(case).out
     with np.errstate(invalid="ignore"):
-        base = np.fmax(half_accumulation_error(case), baseline_error(case)[0])
+        base = np.maximum(half_accumulation_error(case), baseline_error(case)[0])
     return _judged(T.judge_arrays(np.asarray(res.out), ref, base, case.dtype, quantity="out (half accumulation)",
                                   mask=masks["out"], factor=_bound(entry)))
 

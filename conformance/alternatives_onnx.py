@@ -158,7 +158,7 @@ def _judge_evaluator(alt: Case, case: Case, res, masks) -> Verdict:
         return _judge_against(alt, case, res, masks)
     ref = oracle(alt).out
     with np.errstate(invalid="ignore"):
-        base = np.fmax(np.nan_to_num(np.abs(naive_half_softmax(alt) - ref), nan=0.0, posinf=0.0),
+        base = np.maximum(np.nan_to_num(np.abs(naive_half_softmax(alt) - ref), nan=0.0, posinf=0.0),
                        baseline_error(alt)[0])
     return _judged(T.judge_arrays(np.asarray(res.out), ref, base, case.dtype, quantity="out (half softmax)",
                                   mask=masks["out"]))

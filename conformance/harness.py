@@ -38,6 +38,7 @@ from attnconf.adapters.base import NotSupported
 from attnconf.reference import DTYPES, Case
 
 from . import alternatives, boundaries, tolerance
+from .nan_aware import max_gap
 from . import strategies as strategies_module
 
 MAX_SAMPLES = 100
@@ -787,7 +788,7 @@ def reference_gap(case1: Case, case2: Case) -> float:
     """max |O_ref(case1) - O_ref(case2)|: how far two cases' exact answers are apart."""
     from attnconf.reference import oracle
 
-    return float(np.nanmax(np.abs(oracle(case1).out - oracle(case2).out), initial=0.0))
+    return max_gap(oracle(case1).out, oracle(case2).out)
 
 
 def expect(condition: bool, clause: str, message: str, case: Case | None, impl: Subject | str) -> None:

@@ -729,20 +729,46 @@ def softcap_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, 
     return case.replace(**changes)
 
 
+def geometric_slopes(hq: int) -> np.ndarray:
+    """The ALiBi paper's schedule: 2^(-8 i / n) for i = 1..n with n = Hq when Hq is a power of two; otherwise
+    n is the power of two below Hq and the remaining Hq - n heads take every other slope of the 2n schedule
+    (the rule of the paper's reference code, which models are trained with)."""
+    n = 1 << (max(hq, 1).bit_length() - 1)
+    base = 2.0 ** (-8.0 * np.arange(1, n + 1) / n)
+    extra = (2.0 ** (-8.0 * np.arange(1, 2 * n + 1) / (2 * n)))[0::2][:hq - n]
+    return np.concatenate([base, extra])
+
+
+ALIBI_SLOPE_KINDS = ("paper", "geometric", "uniform", "with_zero", "steep", "negative", "mixed_sign")
+
+
+def slopes_of_kind(kind: str, hq: int, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Slopes of `shape` (last axis Hq). The spec allows any finite slope (ATTN-ALIBI-1), so beside the
+    trained schedules (paper: 2^(-8h/Hq) as written; geometric: the reference code's rule for any Hq) come
+    slopes above 1 (steep: up to 8, where a row sees its diagonal key only), negative ones (the bias then
+    grows with distance: far keys dominate) and both signs in one call."""
+    if kind in ("paper", "geometric"):
+        row = 2.0 ** (-8.0 * np.arange(1, hq + 1) / hq) if kind == "paper" else geometric_slopes(hq)
+        return np.broadcast_to(row, shape).copy()
+    if kind == "steep":
+        return rng.uniform(1.0, 8.0, shape)
+    sl = rng.uniform(0.0, 1.0, shape)
+    if kind == "negative":
+        return -sl
+    if kind == "mixed_sign":
+        return sl * rng.choice((-1.0, 1.0), shape)
+    if kind == "with_zero":
+        sl.reshape(-1)[int(rng.integers(sl.size))] = 0.0
+    return sl
+
+
 @st.composite
 def alibi_slopes(draw, case: Case) -> np.ndarray:
-    """Slopes of shape (Hq,) or (B, Hq): the ALiBi paper's 2^(-8h/Hq), uniform in [0, 1), or with a zero."""
+    """Slopes of shape (Hq,) or (B, Hq), of one of ALIBI_SLOPE_KINDS (slopes_of_kind)."""
     b, hq = case.shape["B"], case.shape["Hq"]
     shape = draw(st.sampled_from(((hq,), (b, hq))))
     rng = np.random.default_rng(case.seed + 3)
-    kind = draw(st.sampled_from(("paper", "uniform", "with_zero")))
-    if kind == "paper":
-        sl = np.broadcast_to(2.0 ** (-8.0 * np.arange(1, hq + 1) / hq), shape).copy()
-    else:
-        sl = rng.uniform(0.0, 1.0, shape)
-        if kind == "with_zero":
-            sl.reshape(-1)[int(rng.integers(sl.size))] = 0.0
-    return sl
+    return slopes_of_kind(draw(st.sampled_from(ALIBI_SLOPE_KINDS)), hq, shape, rng)
 
 
 @st.composite
@@ -948,7 +974,8 @@ def softcap_probe_cases(draw, *, dtypes: tuple[str, ...] = DTYPES) -> Case:
 def alibi_probe_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, max_len: int = 33) -> Case:
     """Q = 0 and V = the identity: row i's weights are exp(-m |i + off - j|) normalised, so the output shows
     the ALiBi bias itself (sign, absolute value, offset, alignment, per-batch slopes). Slopes in [0.05, 1]
-    keep the weights of a few keys on each side of the diagonal readable in every dtype."""
+    keep the weights of a few keys on each side of the diagonal readable in every dtype; either sign (a
+    negative slope moves the weight to the farthest keys, which shows the sign and the distance as well)."""
     lk = draw(st.sampled_from([n for n in SMALL_LENGTHS if 3 <= n <= max_len]))
     lq = draw(st.sampled_from([n for n in SMALL_LENGTHS if n <= max_len])) if draw(st.booleans()) else lk
     b, hq = draw(st.sampled_from((1, 2))), draw(st.sampled_from((1, 2, 4)))
@@ -959,7 +986,7 @@ def alibi_probe_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, max_len: int = 
     q = np.zeros((b, hq, lq, lk))
     k = rng.normal(size=(b, 1, lk, lk))
     v = np.broadcast_to(np.eye(lk), (b, 1, lk, lk)).copy()
-    p: dict = {"alibi_slopes": rng.uniform(0.05, 1.0, shape), "window_align": draw(st.sampled_from(ALIGNMENTS)),
+    p: dict = {"alibi_slopes": rng.uniform(0.05, 1.0, shape) * rng.choice((-1.0, 1.0), shape), "window_align": draw(st.sampled_from(ALIGNMENTS)),
                "causal": draw(st.sampled_from((None, None, "bottom_right", "top_left")))}
     if draw(st.integers(0, 3)) == 0:
         p["kv_lengths"] = rng.integers(1, lk + 1, size=b)
@@ -988,12 +1015,15 @@ SOFTCAPS = (0.5, 1.0, 5.0, 30.0, 50.0)
 
 
 def convention_alibi_slopes(rng: np.random.Generator, b: int, hq: int, how: str) -> np.ndarray:
-    """ALiBi slopes: the paper's geometric 2^(-8 (h + 1) / H), random in [0.01, 1], or per (batch, head);
-    float32 values (the flash-attention convention passes slopes as float32)."""
+    """ALiBi slopes: the paper's geometric schedule (geometric_slopes, any H), random in [0.01, 1], per
+    (batch, head), or of another of ALIBI_SLOPE_KINDS (above 1, negative, both signs); float32 values (the
+    flash-attention convention passes slopes as float32)."""
     if how == "geometric":
-        slopes = 2.0 ** (-8.0 * (np.arange(hq) + 1) / hq)
+        slopes = geometric_slopes(hq)
     elif how == "batch":
         slopes = rng.uniform(0.01, 1.0, size=(b, hq))
+    elif how in ALIBI_SLOPE_KINDS:
+        slopes = slopes_of_kind(how, hq, (hq,), rng)
     else:
         slopes = rng.uniform(0.01, 1.0, size=hq)
     return slopes.astype(np.float32).astype(np.float64)
@@ -1040,7 +1070,8 @@ def convention_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPE
     if softcap and draw(st.integers(0, 3)) == 0:
         p["softcap"] = draw(st.sampled_from(SOFTCAPS))
     if alibi and draw(st.integers(0, 3)) == 0:
-        p["alibi_slopes"] = convention_alibi_slopes(rng, b, s["Hq"], draw(st.sampled_from(("geometric", "uniform", "batch"))))
+        p["alibi_slopes"] = convention_alibi_slopes(rng, b, s["Hq"], draw(st.sampled_from(("geometric", "uniform", "batch",
+                                                                                        "steep", "negative", "mixed_sign"))))
     if lengths_ and draw(st.integers(0, 3)) == 0:
         p["kv_lengths"] = rng.integers(0 if empty_rows else 1, lk + 1, size=b)
         if draw(st.booleans()):

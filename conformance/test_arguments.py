@@ -22,6 +22,7 @@ import numpy as np
 
 from attnconf.conformance import strategies as st
 from attnconf.conformance.harness import clauses, expect, expect_close, first, for_cases, run
+from attnconf.conformance.nan_aware import max_gap
 from attnconf.conformance.scope_fit import fit
 from attnconf.conformance.tolerance import judge_output
 from attnconf.reference import Case, oracle
@@ -48,14 +49,6 @@ def still_on(case: Case, feature: str) -> bool:
             "scale": case.scale is not None, "kv_lengths": case.kv_lengths is not None}[feature]
 
 
-def distance(x: np.ndarray, y: np.ndarray, axis: int | None = None) -> np.ndarray | float:
-    """max |x - y| (over `axis`, or all), NaN counting as infinitely far: a NaN row where the other is finite
-    has moved (it is then judged by the output checks), never stayed; two NaN at one place count as inf too."""
-    with np.errstate(invalid="ignore"):
-        d = np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))
-    return np.where(np.isnan(d), np.inf, d).max(axis=axis, initial=0.0)
-
-
 def check_probe(impl, case: Case, feature: str) -> None:
     fitted = fit(case, impl)
     if fitted is None or not still_on(fitted, feature):
@@ -67,7 +60,7 @@ def check_probe(impl, case: Case, feature: str) -> None:
     if r_on is None or r_off is None:
         return
     what = describe(on, feature)
-    moved = float(distance(r_on.out, r_off.out))
+    moved = max_gap(r_on.out, r_off.out, nan_equal=False)
     j_off = judge_output(r_off.out, off)
     if feature == "dropout":
         expect(moved > 2 * j_off.allowed_max, "ATTN-ARG-1",
@@ -81,8 +74,9 @@ def check_probe(impl, case: Case, feature: str) -> None:
     # feature would make the on-case's allowance loose.
     ref_on, ref_off = oracle(on).out, oracle(off).out
     a = j_off.allowed_max
-    spec_moves = distance(ref_on, ref_off, axis=-1) > 4 * a
-    stays = distance(r_on.out, ref_off, axis=-1) <= a     # a row with a NaN is never "the answer without it"
+    with np.errstate(invalid="ignore"):
+        spec_moves = max_gap(ref_on, ref_off, axis=-1) > 4 * a
+        stays = max_gap(r_on.out, ref_off, axis=-1, nan_equal=False) <= a  # a NaN row is never "the answer without it"
     ignored = np.argwhere(spec_moves & stays)
     if ignored.size:
         row = tuple(int(i) for i in ignored[0])

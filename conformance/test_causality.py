@@ -20,6 +20,7 @@ import numpy as np
 from attnconf.adapters import Adapter
 from attnconf.conformance import strategies as st
 from attnconf.conformance.harness import clauses, expect, expect_close, for_cases, observe, run
+from attnconf.conformance.nan_aware import max_abs
 from attnconf.reference import Case, causal_visible, oracle
 
 KEY = "forward_bitwise_deterministic"       # the ATTN-OP-7 observation
@@ -130,6 +131,6 @@ def test_bottom_right_empty_rows(impl, case):
         rows = res.out[b][:, empty]
         expect(bool((rows == 0).all()), "ATTN-CAUSAL-3",
                f"batch {b}: {int(empty.sum())} causally empty row(s) (first {int(np.argmax(empty))}) are not 0: "
-               f"max |out| {np.nanmax(np.abs(rows)) if rows.size else 0:.3g}, NaN: {bool(np.isnan(rows).any())}",
+               f"max |out| {max_abs(rows):.3g}, NaN: {bool(np.isnan(rows).any())}",
                case, impl)
     expect_close(res.out, case, impl, clause="ATTN-CAUSAL-3")

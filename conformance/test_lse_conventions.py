@@ -18,6 +18,7 @@ import numpy as np
 
 from attnconf.conformance import strategies as st
 from attnconf.conformance.harness import clauses, expect, expect_close, for_cases, judge, run
+from attnconf.conformance.nan_aware import max_gap
 from attnconf.conformance.scope_fit import fit
 from attnconf.conformance.tolerance import judge_lse, judge_output
 from attnconf.reference import Case, oracle
@@ -135,14 +136,14 @@ def test_lse_merges_key_chunks(impl, case):
         + len(parts) * float(np.finfo(np.float64).eps) * (4 + 2 * float(np.nanmax(np.abs(np.where(
             np.isfinite(lses), lses, 0.0)), initial=0.0))) * float(np.abs(outs).max(initial=0.0))
     j_whole = judge_output(whole.out, case)
-    gap = float(np.nanmax(np.abs(merged - whole.out), initial=0.0))
+    gap = max_gap(merged, whole.out)
     expect(gap <= bound + j_whole.allowed_max, "ATTN-LSE-4",
            f"merging {len(parts)} key chunks by their lse gives an output {gap:.3g} away from the whole-key output "
            f"(allowed {bound:.3g} + {j_whole.allowed_max:.3g})"
            f"{base_hint(np.stack([r.lse for _, r in parts]), np.stack([oracle(s).lse for s, _ in parts]))}",
            case, impl)
     ref = oracle(case)
-    lgap = float(np.nanmax(np.abs(lse - ref.lse), initial=0.0))
+    lgap = max_gap(lse, ref.lse)
     l_allow += 4 * len(parts) * float(np.finfo(np.float64).eps) * max(1.0, float(np.max(np.abs(np.where(
         np.isfinite(ref.lse), ref.lse, 0.0)), initial=0.0)))
     expect(lgap <= l_allow, "ATTN-LSE-5", f"the merged lse is {lgap:.3g} from the reference (allowed {l_allow:.3g})",

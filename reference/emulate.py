@@ -221,11 +221,11 @@ def baseline_error(case: Case, dtype: str | None = None) -> tuple[np.ndarray, np
             o, l = naive_forward(case, variant, dtype)
             eo = np.where(finite_o, np.abs(o - np.where(finite_o, ref.out, 0.0)), 0.0)
             el = np.where(finite_l, np.abs(l - np.where(finite_l, ref.lse, 0.0)), 0.0)
-            err_o = np.fmax(err_o, np.where(np.isfinite(eo), eo, 0.0))
-            err_l = np.fmax(err_l, np.where(np.isfinite(el), el, 0.0))
+            err_o = np.maximum(err_o, np.where(np.isfinite(eo), eo, 0.0))
+            err_l = np.maximum(err_l, np.where(np.isfinite(el), el, 0.0))
         order_o, order_l = logit_order_error(case)
-        err_o = np.fmax(err_o, np.where(finite_o, order_o, 0.0))
-        err_l = np.fmax(err_l, np.where(finite_l, order_l, 0.0))
+        err_o = np.maximum(err_o, np.where(finite_o, order_o, 0.0))
+        err_l = np.maximum(err_l, np.where(finite_l, order_l, 0.0))
     case._cache[key] = (err_o, err_l)
     return err_o, err_l
 
@@ -293,5 +293,5 @@ def half_accumulation_error(case: Case) -> np.ndarray:
         for order in HALF_ACCUMULATION_ORDERS:
             for scaling in HALF_ACCUMULATION_SCALINGS:
                 e = np.abs(naive_forward_half_accumulation(case, order, scaling) - ref)
-                err = np.fmax(err, np.nan_to_num(e, nan=0.0, posinf=0.0))
+                err = np.maximum(err, np.nan_to_num(e, nan=0.0, posinf=0.0))
     return err

@@ -109,6 +109,6 @@ def gradient_baseline_error(case: Case, dtype: str | None = None) -> dict[str, n
                 r = getattr(ref, name)
                 e = np.abs(g - r)
                 e = np.where(np.isfinite(e), e, 0.0)
-                err[name] = e if name not in err else np.fmax(err[name], e)
+                err[name] = e if name not in err else np.maximum(err[name], e)
     case._cache[key] = err
     return err

@@ -180,3 +180,36 @@ def _values(p: np.ndarray, vb: np.ndarray, vis: np.ndarray | None) -> np.ndarray
         cols = seen[idx]
         res[idx] = (p[idx][cols, None] * vfull[idx[:-1]][cols]).sum(axis=0)
     return res
+
+
+def rows_case(case, rows) -> "object":
+    """The Case of some query rows of `case` against all of its keys, its visibility an explicit mask.
+
+    A row's output, lse and naive emulation depend on that row's query and the keys it sees only, so
+    `oracle` and `baseline_error` of this case are the reference and the yardstick of ATTN-TOL-1 on those
+    rows, in O(rows x Lk) memory where the whole case needs O(Lq x Lk) (ATTN-LONG-1 at L = 32769). Takes
+    causal masks, lengths, scale, softcap and sinks; a mask, bias, window, ALiBi or dropout is refused
+    (ALiBi and windows depend on the row's position, which the smaller case does not keep).
+    """
+    from .case import Case
+
+    for name in ("mask", "bias", "window", "alibi_slopes"):
+        if getattr(case, name) is not None:
+            raise ValueError(f"rows_case takes no {name}; use the whole case's oracle")
+    if case.dropout_p:
+        raise ValueError("rows_case takes no dropout")
+    rows = np.asarray(rows, dtype=np.int64)
+    B, _, Lq, _ = case.q.shape
+    Lk = case.k.shape[2]
+    q_lens = np.full(B, Lq) if case.q_lengths is None else case.q_lengths
+    kv_lens = np.full(B, Lk) if case.kv_lengths is None else case.kv_lengths
+    i = rows[None, :, None]
+    j = np.arange(Lk)[None, None, :]
+    ql, kl = q_lens[:, None, None], kv_lens[:, None, None]
+    vis = (i < ql) & (j < kl)
+    if case.causal == "top_left":
+        vis &= j <= i
+    elif case.causal == "bottom_right":
+        vis &= j <= i + (kl - ql)
+    return Case.build(case.q[:, :, rows], case.k, case.v, dtype=case.dtype, mask=vis[:, None], scale=case.scale,
+                      softcap=case.softcap, sinks=case.sinks, seed=case.seed)

@@ -10,7 +10,7 @@ import numpy as np
 from attnconf import cli
 from attnconf.conformance import plugin
 from attnconf.conformance import harness
-from attnconf.conformance.test_arguments import distance
+from attnconf.conformance.nan_aware import max_gap
 from attnconf.conformance.test_weights import weight_sign_problem
 from attnconf.reference import Case
 
@@ -81,9 +81,10 @@ def test_arg1_a_nan_row_never_counts_as_unmoved():
     ref = np.zeros((1, 1, 2, 3))
     out = ref.copy()
     out[0, 0, 1] = np.nan
-    d = distance(out, ref, axis=-1)
+    d = max_gap(out, ref, axis=-1, nan_equal=False)
     assert d[0, 0, 0] == 0 and d[0, 0, 1] == np.inf
-    assert distance(out, ref) == np.inf
+    assert max_gap(out, ref, nan_equal=False) == np.inf
+    assert max_gap(out, out, nan_equal=False) == np.inf      # NaN against NaN: the row moved, never stayed
 
 
 def test_runs_started_by_the_cli_name_tests_from_the_suite_folder():

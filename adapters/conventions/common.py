@@ -230,10 +230,10 @@ class ConventionAdapter(Adapter):
                 raise NotSupported(f"{self.name} raised {type(exc).__name__}: {first_line(exc)}") from None
             raise KernelError(f"kernel raised {type(exc).__name__}: {first_line(exc)}") from exc
         for n, t in before.items():
-            now = watch[n].detach()
-            if t.is_floating_point() and t.element_size() == 1:      # FP8: nan_to_num has no kernel for it
-                t, now = t.float(), now.float()
-            if not torch.equal(torch.nan_to_num(t), torch.nan_to_num(now)):
+            after = watch[n].detach()       # NaN must stay NaN (unread padding, ATTN-MEM-1), and stay where it was
+            if t.is_floating_point() and t.element_size() == 1:      # FP8: isnan and == have no kernel for it
+                t, after = t.float(), after.float()
+            if t.shape != after.shape or not bool(((t == after) | (torch.isnan(t) & torch.isnan(after))).all()):
                 raise ConventionViolation("ATTN-OP-8", f"kernel mutated its input `{n}` in place")
         return ret
 
@@ -319,3 +319,28 @@ def torch_dtype_of_slopes(case: Case) -> str:
     """ALiBi slopes are float32 in the flash-attention convention (`alibi_slopes: ..., fp32`), for every
     dtype: a case whose slopes float32 cannot hold exactly is outside it (`alibi_alignment_ok`)."""
     return "float32"
+
+
+# ---- memory the kernel must not read (ATTN-MEM-1) ------------------------------------------------
+TAIL_ROWS = 16     # rows of poison after a K/V tensor's last row (one-past-the-end reads land in them)
+
+
+def unread(finite: np.ndarray, dtype: str) -> np.ndarray:
+    """What a buffer position the kernel must not read holds: NaN in every float dtype (a read times a
+    zero weight, 0 x NaN, then shows in the output), else `finite`, values unlike the case's that change
+    the result if read (for a dtype that cannot store NaN, such as int8 or an fp8 without NaN)."""
+    from attnconf.reference import DTYPES
+
+    return np.full(np.shape(finite), np.nan) if dtype in DTYPES else finite
+
+
+def poisoned_tail(t: torch.Tensor, rows: int = TAIL_ROWS) -> torch.Tensor:
+    """`t` as the start of a larger buffer whose next `rows` x (t's last two dims) elements hold NaN: the
+    tensor the kernel gets is unchanged (shape, strides, contiguity), but a read past its end is NaN.
+    A non-contiguous or non-float tensor is returned as it is."""
+    if not t.is_contiguous() or not t.is_floating_point() or t.dim() < 2:
+        return t
+    extra = rows * t.shape[-1] * t.shape[-2]
+    flat = torch.full((t.numel() + extra,), float("nan"), dtype=t.dtype, device=t.device)
+    flat[: t.numel()] = t.reshape(-1)
+    return flat[: t.numel()].view(t.shape)

@@ -28,8 +28,9 @@ only within the kernel's declared scope: no pages unless "paged", no appends unl
 - `new_keys`: n, the keys appended in the call (at most the shortest sequence);
 - `spare_slots`: capacity beyond the longest sequence.
 
-Every slot that holds no key of the case (beyond a sequence, spare rows and blocks) is
-filled with finite values that would change the result if read. After the call the adapter
+Every slot that holds no key of the case (beyond a sequence, spare rows and blocks) holds
+NaN (ATTN-MEM-1: a kernel that reads one, even times a zero weight, returns NaN), or finite
+values that would change the result if read where the dtype cannot store NaN. After the call the adapter
 checks, bitwise, that the appended keys landed where the convention says and that nothing
 else in the cache changed; otherwise the call is a `ConventionViolation` of ATTN-PAGED-3.
 Rotary embedding and `cache_leftpad` are outside the spec (never passed). The docstring says
@@ -48,7 +49,7 @@ import torch
 from attnconf.reference import Case
 
 from ..base import ConventionViolation, Result
-from .common import Convention, ConventionAdapter, bottom_right_requirements, lengths
+from .common import Convention, ConventionAdapter, bottom_right_requirements, lengths, unread
 from .flash_attn import common_keywords, lse_from_flash
 
 KEYWORDS = ("q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx",
@@ -143,10 +144,10 @@ def build_cache(case: Case, rep: Representation) -> Cache:
         batch_idx = perm[:B].astype(np.int32) if rep.batch_idx else None
         shape_k, shape_v = (rows, capacity, hkv, dk), (rows, capacity, hkv, dv)
         slot_of = lambda b, t: (np.full(t.shape, perm[b], dtype=np.int64), t)  # noqa: E731
-    # unused slots: finite values unlike the case's, that would move the result if read
-    k_cache = rng.normal(size=shape_k) + 2.0
-    v_cache = 40.0 + 10.0 * rng.normal(size=shape_v)
-    k_cache, v_cache = (round_like(x, case.dtype) for x in (k_cache, v_cache))
+    # unused slots (past cache_seqlens, spare rows and blocks): NaN, else finite values unlike the case's
+    # that would move the result if read (ATTN-MEM-1)
+    k_cache = unread(round_like(rng.normal(size=shape_k) + 2.0, case.dtype), case.dtype)
+    v_cache = unread(round_like(40.0 + 10.0 * rng.normal(size=shape_v), case.dtype), case.dtype)
     for b in range(B):
         r, c = slot_of(b, np.arange(int(seqlens[b])))
         k_cache[r, c], v_cache[r, c] = k_all[b, : int(seqlens[b])], v_all[b, : int(seqlens[b])]

@@ -21,7 +21,9 @@ What the convention cannot return: the padded query rows (i >= q_lengths[b]) hav
 place in the packed output. The spec's value for them is exactly 0 (lse -inf), and the
 adapter writes exactly that into the Result, so those rows are never compared with
 anything the kernel did; their gradients are those of rows that are not there (zero).
-Layout "noncontiguous" passes q, k, v packed as transposed (H, total, D) buffers.
+Layout "noncontiguous" passes q, k, v packed as transposed (H, total, D) buffers. k and v carry
+TAIL_ROWS rows of NaN after cu_seqlens_k[-1] (padding a kernel must not read, ATTN-MEM-1), as
+serving stacks pad a packed batch to a fixed size.
 The lse is (Hq, total_q), natural log, +inf for a row that sees no key.
 """
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch
 from attnconf.reference import Case
 
 from ..base import Result
-from .common import Convention, ConventionAdapter, bottom_right_requirements, lengths
+from .common import TAIL_ROWS, Convention, ConventionAdapter, bottom_right_requirements, lengths
 from .flash_attn import FEATURES as FLASH_FEATURES
 from .flash_attn import common_keywords, lse_from_flash
 
@@ -55,9 +57,12 @@ def seq_order(case: Case) -> list[int]:
     return order
 
 
-def pack(t: torch.Tensor, lens: np.ndarray, order: list[int], noncontiguous: bool) -> torch.Tensor:
-    """(B, H, L, D) -> (total, H, D): the first lens[b] rows of each sequence, in `order`."""
+def pack(t: torch.Tensor, lens: np.ndarray, order: list[int], noncontiguous: bool, tail: int = 0) -> torch.Tensor:
+    """(B, H, L, D) -> (total + tail, H, D): the first lens[b] rows of each sequence, in `order`, then
+    `tail` rows of NaN padding past cu_seqlens[-1] that the kernel must not read (ATTN-MEM-1)."""
     parts = [t[b, :, : int(lens[b])] for b in order]                 # (H, len, D) each
+    if tail:
+        parts.append(torch.full((t.shape[1], tail, t.shape[3]), float("nan"), dtype=t.dtype, device=t.device))
     packed = torch.cat(parts, dim=1)                                  # (H, total, D); a Case has B >= 1
     return packed.transpose(0, 1) if noncontiguous else packed.transpose(0, 1).contiguous()
 
@@ -90,8 +95,8 @@ class FlashAttnVarlen(Convention):
         kw = common_keywords(ad, case)
         if kw["alibi_slopes"] is not None and kw["alibi_slopes"].dim() == 2:
             kw["alibi_slopes"] = kw["alibi_slopes"][order]          # (batch, H): one row per packed sequence
-        kwargs = dict(q=pack(leaves["dq"], ql, order, nc), k=pack(leaves["dk"], kl, order, nc),
-                      v=pack(leaves["dv"], kl, order, nc), cu_seqlens_q=cu_seqlens(ad, ql, order),
+        kwargs = dict(q=pack(leaves["dq"], ql, order, nc), k=pack(leaves["dk"], kl, order, nc, TAIL_ROWS),
+                      v=pack(leaves["dv"], kl, order, nc, TAIL_ROWS), cu_seqlens_q=cu_seqlens(ad, ql, order),
                       cu_seqlens_k=cu_seqlens(ad, kl, order), max_seqlen_q=int(ql.max(initial=0)),
                       max_seqlen_k=int(kl.max(initial=0)), dropout_p=float(case.dropout_p), **kw,
                       deterministic=False, return_attn_probs=False)

@@ -37,7 +37,7 @@ import torch
 from attnconf.reference import Case
 
 from ..base import Result
-from .common import Convention, ConventionAdapter, bottom_right_requirements, lengths, lse_to_spec
+from .common import Convention, ConventionAdapter, bottom_right_requirements, lengths, lse_to_spec, poisoned_tail
 
 KEYWORDS = ("q", "k", "v", "custom_mask", "causal", "kv_layout", "pos_encoding_mode", "sm_scale", "window_left",
             "logits_soft_cap", "return_lse")
@@ -62,11 +62,12 @@ def kv_layout(case: Case, contract=None) -> str:
 
 def kv_tensor(ad: ConventionAdapter, x: np.ndarray, dtype: str, layout: str, noncontiguous: bool) -> torch.Tensor:
     """x (Hkv, L, D) as the kernel takes it: NHD [L, Hkv, D] or HND [Hkv, L, D]; non-contiguous as a
-    transposed view of the other layout."""
+    transposed view of the other layout. A contiguous one starts a buffer whose tail holds NaN (a read
+    past its last key shows, ATTN-MEM-1)."""
     t = ad.tensor(x, dtype)                                   # (H, L, D) contiguous = HND
     if layout == "HND":
-        return t.transpose(0, 1).contiguous().transpose(0, 1) if noncontiguous else t
-    return t.transpose(0, 1) if noncontiguous else t.transpose(0, 1).contiguous()
+        return t.transpose(0, 1).contiguous().transpose(0, 1) if noncontiguous else poisoned_tail(t)
+    return t.transpose(0, 1) if noncontiguous else poisoned_tail(t.transpose(0, 1).contiguous())
 
 
 def window_right(case: Case) -> int:
