@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 # catalogue module -> (backend it runs on, whether it needs torch); a kernel's convention comes from itself
 CATALOGUES = {"clause_bugs": ("numpy", False), "variant_bugs": ("numpy", False), "buggy": ("torch", True),
-              "flash_buggy": ("torch", True), "kernels2026_a": ("torch", True), "kernels2026_b": ("torch", True)}
+              "flash_buggy": ("torch", True), "kernels2026_a": ("torch", True), "kernels2026_b": ("torch", True),
+              "poison_bugs": ("torch", True), "determinism_bugs": ("torch", True)}
 
 
 @dataclass(frozen=True)
