@@ -119,6 +119,9 @@ class Implementation:
     # strategies report offering can be required (conformance/strategies.py REQUIRABLE)
     requires: frozenset[str] = frozenset()
     contract = None                     # adapters/contract.py: documented behaviour and limits, if declared
+    # the case's dropout seed reaches the kernel (torch's global generator, seeded per call), so a dropout
+    # case reruns with the same mask (ATTN-DET-1); a convention with no seed channel sets False
+    seeds_dropout = True
 
     def lse_refusal(self, dtype: str) -> str | None:
         """Why a `dtype` case's lse cannot be judged here (None if it can): one fact, used by `supports` and by

@@ -38,7 +38,8 @@ DEFAULT_MEMORY_BYTES = 4 << 30
 DEFAULT_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 180.0
 _DECLARATION = ("name", "backend", "devices", "dtypes", "capabilities", "max_head_dim", "head_dims", "max_seqlen",
-                "convention", "scope_source", "kind", "trusted", "example_budget", "lse_dtypes", "requires", "contract", "accuracy_contract")
+                "convention", "scope_source", "kind", "trusted", "example_budget", "lse_dtypes", "requires", "contract", "accuracy_contract",
+                "deterministic", "seeds_dropout")
 
 
 class KernelCrashed(KernelError):

@@ -66,11 +66,13 @@ def implementations(device: str, options: dict[str, Any]) -> list[Adapter]:
 
 
 def kernel_adapter(fn: Callable[..., Any], device: str, name: str) -> Adapter:
-    return CallableAdapter(
+    adapter = CallableAdapter(
         fn, backend="numpy", name=name, device=device,
         to_array=lambda x, dtype: np.array(x, dtype=bool, copy=True) if dtype == "bool" else np.asarray(x).astype(numpy_dtype(dtype)),
         to_numpy=lambda a: a if isinstance(a, np.ndarray) and a.dtype != object else _not_array(a),
         dtype_name=lambda a: a.dtype.name)
+    adapter.seeds_dropout = False       # the SDPA convention on NumPy arrays hands the kernel no generator or seed
+    return adapter
 
 
 def _not_array(a: Any) -> np.ndarray:

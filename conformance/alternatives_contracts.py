@@ -111,7 +111,7 @@ def _quantized_reference(entry, case: Case, res, masks) -> Verdict:
         with np.errstate(invalid="ignore"):
             base = baseline_error(qcase)[0]
             if scheme.get("pv") == "float16" and case.dtype != "float64":
-                base = np.fmax(base, half_accumulation_error(qcase))
+                base = np.maximum(base, half_accumulation_error(qcase))
         j = T.judge_arrays(np.asarray(res.out), qref.out, base, case.dtype,
                            quantity=f"out (against the {scheme['scheme']} reference)", mask=judged,
                            factor=float(entry.get("bound", 1.0)))

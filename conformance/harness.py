@@ -120,8 +120,6 @@ class Session:
     options: dict[str, Any] = field(default_factory=dict)
     # (implementation, clause, dtype) -> examples that checked it so far in cells sharing the floor (cell_minimum)
     floor_checked: dict[tuple[str, str, str], int] = field(default_factory=dict)
-    # (implementation, dtype) -> clause -> examples so far that exercised the clause's subject (subject_shortfall)
-    subject_credit: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.time() > self.deadline
@@ -322,12 +320,8 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
                 with strategies_module.cell(dtype, scope_of(subject.adapter)):
                     try:
                         h()
-                        if dtype is not None:
-                            tally = session.subject_credit.setdefault((subject.name, dtype), {})
-                            if subject_shortfall(subject.adapter, rec, cited, tally):
-                                top_up()
-                            for c, n in subject_credit(subject.adapter, rec, cited).items():
-                                tally[c] = tally.get(c, 0) + n
+                        if dtype is not None and subject_shortfall(subject.adapter, rec, cited):
+                            top_up()
                         return None
                     except Unsatisfiable:
                         if rec.checked:        # some examples were judged: Hypothesis ran out of valid draws
@@ -369,14 +363,13 @@ def subject_credit(adapter: Any, rec: TestRecord, cited: Iterable[str]) -> dict[
             if c in subjects() and not out_of_scope(subjects()[c], declared)}
 
 
-def subject_shortfall(adapter: Any, rec: TestRecord, cited: Iterable[str], earlier: dict[str, int] | None = None) -> bool:
-    """Whether a cited clause's subject was exercised by some of this cell's examples, but the cell and the
-    cells of the same clause and dtype before it (`earlier`) have fewer than MIN_CELL_EXAMPLES such examples:
-    the cell then draws TOP_UP_DRAWS more under another seed, so that a clause the strategy does reach is not
-    left below the coverage floor by the luck of the draw. None at all in this cell means its strategy is not
-    about the subject: no top-up."""
-    earlier = earlier or {}
-    return any(0 < n < MIN_CELL_EXAMPLES - earlier.get(c, 0) for c, n in subject_credit(adapter, rec, cited).items())
+def subject_shortfall(adapter: Any, rec: TestRecord, cited: Iterable[str]) -> bool:
+    """Whether a cited clause's subject was exercised by some of this cell's examples, but by fewer than
+    MIN_CELL_EXAMPLES: the cell then draws TOP_UP_DRAWS more under another seed, so that a clause the strategy
+    does reach is not left below the coverage floor by the luck of the draw. None at all in this cell means
+    its strategy is not about the subject: no top-up. The cell alone decides (not the cells that ran before
+    it), so a run split over pytest-xdist workers draws what one process draws."""
+    return any(0 < n < MIN_CELL_EXAMPLES for n in subject_credit(adapter, rec, cited).values())
 
 
 def lse_need(impl: Subject, case: Case) -> frozenset[str]:

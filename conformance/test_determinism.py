@@ -8,7 +8,9 @@ example is run once and then RERUNS more times, compared bit for bit (NaN equals
 examples over the four dtypes give about a hundred reruns per implementation, the low end of that
 range, at five calls per example; a defect that shows on a fraction f of calls is seen with
 probability 1 - (1 - f)^100 (63% at f = 1%, 99% at f = 5%), and one that shows on every call (an order
-drawn per call) at once. A dropout case keeps its seed, so its mask must repeat as well.
+drawn per call) at once. A dropout case keeps its seed, so its mask must repeat as well, where the adapter
+hands that seed to the kernel (`Adapter.seeds_dropout`: torch's generator is seeded per call; the SDPA
+convention on NumPy arrays has no channel for a seed, so its kernels are rerun without dropout).
 
 A kernel that declares `deterministic = false` (adapters/scope.py) is not failed: the spread of its
 reruns is recorded all the same (the largest |difference| over the reruns, `rerun_spread`), and its
@@ -43,7 +45,7 @@ def _arrays(res) -> dict[str, np.ndarray]:
 def test_reruns_are_bitwise_identical(impl, case):
     """RERUNS more calls on the same case return the first call's output, lse and gradients bit for bit."""
     rng = np.random.default_rng(case.seed)
-    if "dropout" in impl.capabilities and rng.random() < 0.25:
+    if "dropout" in impl.capabilities and impl.seeds_dropout and rng.random() < 0.25:
         case = case.replace(dropout_p=DROPOUT_P)
     grads = "grads" in impl.capabilities
     first = run(impl, case, grads=grads)

@@ -133,7 +133,7 @@ def test_lse_merges_key_chunks(impl, case):
     l_allow = max(judge_lse(r.lse, sub).allowed_max for sub, r in parts)
     # plus the float64 rounding of the merge itself (all that is left where a contract exempts every element)
     bound = a + np.expm1(2 * l_allow) * float(np.abs(outs).max(initial=0.0)) \
-        + len(parts) * float(np.finfo(np.float64).eps) * (4 + 2 * float(np.nanmax(np.abs(np.where(
+        + len(parts) * float(np.finfo(np.float64).eps) * (4 + 2 * float(np.max(np.abs(np.where(
             np.isfinite(lses), lses, 0.0)), initial=0.0))) * float(np.abs(outs).max(initial=0.0))
     j_whole = judge_output(whole.out, case)
     gap = max_gap(merged, whole.out)

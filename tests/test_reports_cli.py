@@ -18,7 +18,8 @@ def test_merge_writes_site(tmp_path: Path) -> None:
     assert (out / "README.md").read_text(encoding="utf-8").startswith("# attnconf conformance matrix")
     assert (out / "index.html").read_text(encoding="utf-8").startswith("<!doctype html>")
     certs = sorted(p.name for p in (out / "certificates").iterdir())
-    assert len(certs) == 2 and certs[0].endswith(".json") and certs[1].endswith(".md")  # only the kernel run
+    # only the kernel run: its certificate as JSON, Markdown and the badge beside it
+    assert len(certs) == 3 and [c.rsplit(".", 1)[1] for c in certs] == ["json", "md", "svg"]
 
 
 def test_merge_refuses_bad_files(tmp_path: Path, capsys) -> None:

@@ -55,6 +55,8 @@ def test_an_in_process_run_leaves_the_interpreter_as_it_found_it(tmp_path):
     """The working directory, the Hypothesis profile and sys.path are put back; the suite's test modules are
     dropped (the next run imports them afresh); the run's output and run file are the run's own."""
     cwd, path, profile = os.getcwd(), list(sys.path), settings.get_current_profile_name()
+    suite_modules = (".conformance.test_", ".attnconf.conformance.test_")
+    had = {m for m in sys.modules if f".{m}".startswith(suite_modules)}   # imported by other tests of this worker
     os.chdir(tmp_path)
     try:
         run = run_suite("numpy", tmp_path / "run.json", extra=("-k", "test_output_shape_and_dtype"),
@@ -63,7 +65,7 @@ def test_an_in_process_run_leaves_the_interpreter_as_it_found_it(tmp_path):
     finally:
         os.chdir(cwd)
     assert sys.path == path and settings.get_current_profile_name() == profile
-    assert not [m for m in sys.modules if f".{m}".startswith((".conformance.test_", ".attnconf.conformance.test_"))]
+    assert {m for m in sys.modules if f".{m}".startswith(suite_modules)} == had
     assert run.report is not None and run.report["records"], run.output_tail
     assert run.report["verdict"]["verdict"] == "INCOMPLETE" and run.returncode != 0
     assert "passed" in run.output and run.args[:2] == ["-m", "pytest"]
