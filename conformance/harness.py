@@ -307,9 +307,10 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
                                  * getattr(subject.adapter, "example_budget", 1.0) / share))
 
             h = given(case=strategy)(cell_body(fn, subject, dtype))
-            top_up = hsettings(hsettings.default, max_examples=TOP_UP_DRAWS)(      # a test object of its own
-                hseed(zlib.crc32(database_key(fn, subject.name, dtype)) + (session.seed or 0))(
-                    given(case=strategy)(cell_body(fn, subject, dtype))))
+            def top_up(i: int) -> None:       # a test object of its own, under the i-th seed of this cell
+                hsettings(hsettings.default, max_examples=TOP_UP_DRAWS)(
+                    hseed(zlib.crc32(database_key(fn, subject.name, dtype)) + (session.seed or 0) + i)(
+                        given(case=strategy)(cell_body(fn, subject, dtype))))()
             for ex in pinned:
                 if dtype is None or ex.dtype == dtype:
                     h = example(case=ex)(h)
@@ -320,8 +321,10 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
                 with strategies_module.cell(dtype, scope_of(subject.adapter)):
                     try:
                         h()
-                        if dtype is not None and subject_shortfall(subject.adapter, rec, cited):
-                            top_up()
+                        for i in range(TOP_UPS if dtype is not None else 0):
+                            if not subject_shortfall(subject.adapter, rec, cited):
+                                break
+                            top_up(i)
                         return None
                     except Unsatisfiable:
                         if rec.checked:        # some examples were judged: Hypothesis ran out of valid draws
@@ -350,6 +353,7 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
 
 
 TOP_UP_DRAWS = 12     # extra draws of a cell whose cases exercised a cited clause's subject too rarely
+TOP_UPS = 3           # at most this many top-ups, each under its own seed, until the subject reaches the floor
 
 
 def subject_credit(adapter: Any, rec: TestRecord, cited: Iterable[str]) -> dict[str, int]:

@@ -157,6 +157,8 @@ class VariantKernel(ReferenceAdapter):
     name = "numpy:variant-kernel"
     defects: dict = {}
     clause = ""
+    # variant_forward's pipeline predates chunked attention and the 2026 conventions' own inputs
+    capabilities = ReferenceAdapter.capabilities - {"chunk_bottom_right", "chunk_top_left", "sparse_indices", "latent"}
 
     def forward(self, case: Case) -> Forward:
         return variant_forward(case, **self.defects)
