@@ -283,9 +283,11 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
     randomness comes from `np.random.default_rng(case.seed)`, so the case alone determines the run.
     `shares_floor=False`: the test's examples count towards its clauses' coverage floor, but the other
     tests citing them do not draw fewer on its account (`cell_minimum`; for a fixed list of pins whose
-    count per dtype the test cannot raise).
+    count per dtype the test cannot raise). `examples` may be a function of the cell's dtype, called when
+    the cell runs (a grid too costly to build at import).
     """
-    pinned = tuple(examples)
+    lazy = examples if callable(examples) else None
+    pinned = () if lazy else tuple(examples)
 
     def decorate(fn: Callable[[Any, Case], None]):
         def test(**kwargs):
@@ -311,7 +313,7 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
                 hsettings(hsettings.default, max_examples=TOP_UP_DRAWS)(
                     hseed(zlib.crc32(database_key(fn, subject.name, dtype)) + (session.seed or 0) + i)(
                         given(case=strategy)(cell_body(fn, subject, dtype))))()
-            for ex in pinned:
+            for ex in (lazy(dtype) if lazy else pinned):
                 if dtype is None or ex.dtype == dtype:
                     h = example(case=ex)(h)
             h = hsettings(hsettings.default, max_examples=n)(h)

@@ -105,9 +105,9 @@ def dtype_choice(draw, dtypes: tuple[str, ...] = DTYPES) -> str:
 
 @st.composite
 def fixed_cases(draw, pool: tuple[Case, ...] | list[Case]) -> Case:
-    """One of the given fixed cases, of the cell's dtype."""
+    """One of the given fixed cases, of the cell's dtype (`pool` may be a function of that dtype)."""
     fixed = _CELL.get()[0]
-    mine = [c for c in pool if fixed is None or c.dtype == fixed]
+    mine = [c for c in (pool(fixed) if callable(pool) else pool) if fixed is None or c.dtype == fixed]
     if not mine:
         reject()
     return draw(st.sampled_from(mine))

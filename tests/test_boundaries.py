@@ -2,7 +2,9 @@
 
 Fast: spec/BOUNDARIES.md is what `boundaries_table.table()` renders, and each boundary's drawn shape crosses it.
 Slow: one ci run of the numpy reference with ATTNCONF_BOUNDARY_LOG set counts, per boundary and per family
-(plain, sinks, ALiBi, windows, GQA, gradients), the cases that crossed it; every boundary must be crossed.
+(plain, sinks, ALiBi, windows, GQA, gradients), the cases that crossed it; every boundary must be crossed in
+every family (but plain, for the GQA-packing boundaries, which are grouped by definition):
+conformance/test_branch_points.py makes it so by construction, and this test measures it.
 """
 from __future__ import annotations
 
@@ -54,5 +56,6 @@ def test_one_ci_run_crosses_every_boundary(tmp_path):
     seen = crossings(log)
     for bid, fams in seen.items():
         print(f"{bid:16s} " + " ".join(f"{f}={fams.get(f, 0)}" for f in boundaries.FAMILIES))
-    missing = [bid for bid, fams in seen.items() if not fams]
-    assert not missing, f"boundaries no case of the ci run crossed: {missing}"
+    missing = [f"{bid} in {f}" for bid, fams in seen.items() for f in boundaries.FAMILIES
+               if not fams.get(f) and not (f == "plain" and boundaries.BY_ID[bid].dim == "group")]
+    assert not missing, f"boundaries no case of the ci run crossed, by family: {missing}"
