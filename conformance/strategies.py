@@ -567,9 +567,10 @@ def per_batch_mask_cases(draw, *, max_len: int = 33, dtypes: tuple[str, ...] = D
 
 
 @st.composite
-def identical_key_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES) -> Case:
-    """Every key of a (batch, KV head) is the same vector; bool masks, causal and padding allowed, no bias."""
-    case = draw(cases(max_len=max_len, dtypes=dtypes, bias=False))
+def identical_key_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPES, sinks: bool = False) -> Case:
+    """Every key of a (batch, KV head) is the same vector; bool masks, causal and padding allowed, no bias;
+    `sinks` as in `cases`."""
+    case = draw(cases(max_len=max_len, dtypes=dtypes, bias=False, sinks=sinks))
     return case.replace(k=np.broadcast_to(case.k[:, :, :1], case.k.shape).copy())
 
 
