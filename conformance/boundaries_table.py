@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from attnconf.conformance import strategies as sts
 from attnconf.conformance.boundaries import BOUNDARIES, TEMPLATES
+from attnconf.conformance.branch_cases import BRANCH_FAMILIES
 
 
 def table() -> str:
@@ -22,9 +23,14 @@ def table() -> str:
     ]
     lines = ["# Shape boundaries", "",
              "Generated from conformance/boundaries.py (`python -m attnconf.conformance.boundaries_table`). Each boundary",
-             "is a branch point of real kernels; strategies.shapes() draws its shape with probability 1/8, so every",
-             "family whose cases come from `shapes()` reaches it. tests/test_boundaries.py counts the crossings of",
-             "one ci run of the numpy reference.", "", "| dimension | drawn |", "|---|---|"]
+             "is a branch point of real kernels. Two things cross it: strategies.shapes() draws its shape with",
+             "probability 1/8 (so the random cases of every family reach it by chance), and",
+             "conformance/test_branch_points.py runs it in every family, by construction: "
+             + ", ".join(BRANCH_FAMILIES) + " (conformance/branch_cases.py; under the dev and ci profiles",
+             "each boundary and family once, in the implementation's dtypes in turn; under thorough, in every dtype).",
+             "tests/test_boundaries.py counts the crossings of one ci run of the numpy reference, per family, and",
+             "fails if a boundary is not crossed in every family (plain excepted for the GQA-packing boundaries).",
+             "", "| dimension | drawn |", "|---|---|"]
     lines += [f"| {d} | {r} |" for d, r in ranges]
     lines += ["", "| boundary | dimension | at | kind | why | shape drawn |", "|---|---|---|---|---|---|"]
     for b in BOUNDARIES:
