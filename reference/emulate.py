@@ -302,9 +302,10 @@ def content_key(case: Case, *extra: Any) -> bytes:
 
 class _SharedResults:
     """Results of a pure function of a case's content, kept across Case objects (least recently used
-    dropped past `limit_bytes`). The ci profile draws the same examples for every kernel it runs, and
-    the pinned cases are the same in every run: a process that runs many kernels (the catalogue's
-    in-process runs, bench/runner.py) emulates each case's 36 naive variants once, not once per kernel."""
+    dropped past `limit_bytes`). The pinned cases are the same in every run, and a run meets some cases
+    again (the same problem built anew by another test): a process that runs many kernels (the catalogue's
+    in-process runs, bench/runner.py) emulates their 36 naive variants once, not once per kernel. (The
+    Hypothesis draws are seeded per implementation, so two kernels' drawn examples mostly differ.)"""
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes

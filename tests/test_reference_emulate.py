@@ -113,8 +113,8 @@ def test_tiled_order_is_ascending_in_even_and_descending_in_odd_columns():
 
 
 def test_cases_of_the_same_content_share_one_baseline_and_others_do_not():
-    """The emulated baseline is kept by content across Case objects (the catalogue's in-process runs draw
-    the same examples for every kernel): a rebuilt case gets the same, read-only arrays without emulating
+    """The emulated baseline is kept by content across Case objects (the catalogue's in-process runs all
+    judge the same pinned cases): a rebuilt case gets the same, read-only arrays without emulating
     again; a case differing in one value or one parameter gets its own."""
     from attnconf.reference import Case, baseline_error
     from attnconf.reference.emulate import content_key

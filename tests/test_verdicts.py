@@ -6,8 +6,8 @@ judged, and a hanging kernel ends the run in minutes with a complete run file.
 The kernels are in tests/kernels/verdicts.py and hostile.py; each run is a real `pytest conformance`
 session on the numpy backend with a divergence folder of the test's own: in this interpreter
 (bench/runner.py, which tests/test_runner.py checks against separate processes; the runs then share the
-emulated baselines of the cases they all draw), in a subprocess where the test needs one (a hanging
-kernel under --isolate, a hidden package, SIGTERM).
+emulated baselines of the pinned cases), in a subprocess where the test needs one (a hanging kernel
+under --isolate, a hidden package, SIGTERM).
 """
 from __future__ import annotations
 
