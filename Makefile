@@ -60,7 +60,7 @@ test-suites: setup
 	    --report=.attnconf-ci/numpy.json
 	$(PY) -m attnconf.conformance.entries_check --witnesses --out .attnconf-ci
 
-# test_verdicts first: its hanging-kernel run (up to 5 min) then overlaps the catalogue on the other worker
+# test_verdicts first: its hanging-kernel run (the whole suite under --isolate, 1 to 3 min) then overlaps the catalogue on the other worker
 test-catalogue: setup
 	$(PY) -m pytest tests/test_verdicts.py tests/test_catalogue.py tests/test_catalogue_conventions.py \
 	    tests/test_variant_catalogue.py tests/test_catalogue_2026_a.py tests/test_catalogue_2026_b.py tests/test_memory_determinism_catalogue.py tests/test_runner.py -q \
