@@ -281,7 +281,12 @@ def _uniform_weight_gradients(entry, case, res, masks) -> Verdict:
 
         mag = mags[name] + (group_sum(np.swapaxes(w, -1, -2) @ np.abs(case.grad_out), case.shape["Hkv"])
                             if name == "dv" else 0.0)
-        j = T.judge_arrays(g, exp, gradient_baseline_error(case)[name], case.dtype, quantity=name,
+        base = gradient_baseline_error(case)[name]
+        if name in entry.get("_half_accumulated", ()):    # the visible rows' products accumulate in the dtype
+            from attnconf.reference.emulate_half_backward import half_accumulation_gradient_error
+
+            base = np.maximum(base, half_accumulation_gradient_error(case)[name])
+        j = T.judge_arrays(g, exp, base, case.dtype, quantity=name,
                            model="gradient", magnitude=mag, mask=masks[name])
         if not j.ok:
             return _judged(j)
@@ -453,6 +458,13 @@ def _half_accumulation_gradients(entry, case, res, masks) -> Verdict:
     half, base = half_accumulation_gradient_error(case), gradient_baseline_error(case)
     return _judge_gradients_with(entry, case, res, masks, {n: np.maximum(half[n], base[n]) for n in half},
                                  "half accumulation")
+
+
+def half_accumulated(applied: list) -> frozenset[str]:
+    """The gradients that an applied entry declares half-accumulated (`half_accumulation_gradients`): where
+    another entry covers the same elements (a row region covers every dK and dV its rows reach), its
+    alternative judges them with that error too, as `precision_of` passes a declared lower precision on."""
+    return frozenset(q for a in applied if a.instead == "half_accumulation_gradients" for q in a.entry["quantities"])
 
 
 # ---- the reference of a nearby problem --------------------------------------------------
@@ -652,15 +664,20 @@ def load_all() -> None:
                     expected_values(name, fn)
 
 
-def check(entry: dict[str, Any], case, res, masks: dict[str, np.ndarray], *, as_dtype: str | None = None) -> Verdict:
+def check(entry: dict[str, Any], case, res, masks: dict[str, np.ndarray], *, as_dtype: str | None = None,
+          half_accumulated: frozenset[str] = frozenset()) -> Verdict:
     """Judge the covered elements of `res` against the entry's alternative; elements that conform to
     the spec itself are accepted as well (the implementation may have improved). `as_dtype` judges a
-    float64 case at another precision (an implementation another entry declares float32-accurate)."""
+    float64 case at another precision (an implementation another entry declares float32-accurate);
+    `half_accumulated` names the gradients that another applied entry declares half-accumulated, which
+    an alternative computing expected gradients (uniform_weight_gradients) judges with that error."""
     alt = ALTERNATIVES[entry["instead"]]
     if not masks:
         return Verdict(True)
     if as_dtype is not None:
         entry = {**entry, "_as_dtype": as_dtype}
+    if half_accumulated:
+        entry = {**entry, "_half_accumulated": half_accumulated}
     v = alt.check(entry, case, res, masks)
     if v.ok:
         return v
