@@ -61,3 +61,24 @@ def test_it_concerns_half_types_with_an_output_gradient():
     with pytest.raises(ValueError, match="grad_out"):
         naive_backward_half_accumulation(Case.build(q, q, q, dtype="float16"))
     assert not _check(Case.build(q, q, q, grad_out=q, dtype="float32"), {"dv": q}).ok
+
+
+def test_an_entry_that_claims_the_same_gradients_judges_them_with_the_half_accumulation_error():
+    """TF-KERAS-EMPTY-DV covers every dV of a group with an emptied row: with a half-accumulation entry
+    applied too, its uniform_weight_gradients allows the visible rows' half-accumulated dV, and only then."""
+    from attnconf.reference.backward import group_sum
+
+    base = _case("float16")
+    mask = np.ones((1, 1, 8, 16), bool)
+    mask[..., 0, :] = False                                # row 0 sees no key
+    case = base.replace(mask=mask)
+    rows = np.zeros((1, 2, 8), bool)
+    rows[..., 0] = True
+    w = alternatives.uniform_weights(case, rows)
+    half = naive_backward_half_accumulation(case, "ascending", "logits")
+    keras = dict(half, dv=half["dv"] + group_sum(np.swapaxes(w, -1, -2) @ case.grad_out, case.shape["Hkv"]))
+    res = Result(out=np.zeros(case.out_shape), out_dtype=case.dtype, grads=keras)
+    entry = {"instead": "uniform_weight_gradients", "quantities": ["dv"]}
+    masks = {"dv": np.ones(case.k.shape[:3] + (case.v.shape[-1],), bool)}
+    assert not alternatives.check(entry, case, res, masks).ok
+    assert alternatives.check(entry, case, res, masks, half_accumulated=frozenset({"dv"})).ok
