@@ -22,10 +22,11 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import expand_kv, oracle
-from .backward import backward, reduce_to_shape
+from .backward import reduce_to_shape
 from .case import Case
 from .emulate import (HALF_ACCUMULATION_ORDERS, HALF_ACCUMULATION_SCALINGS, _rounder, half_accumulation_weights,
                       half_matmul)
+from .emulate_backward import largest_gradient_errors
 
 
 def naive_backward_half_accumulation(case: Case, order: str = "ascending", scaling: str = "q") -> dict[str, np.ndarray]:
@@ -82,19 +83,10 @@ def naive_backward_half_accumulation(case: Case, order: str = "ascending", scali
 
 def half_accumulation_gradient_error(case: Case) -> dict[str, np.ndarray]:
     """Per gradient, the elementwise max over every order and scaling of |g_naive - g_ref| of the
-    half-accumulating backward (non-finite differences count 0, as in `gradient_baseline_error`):
-    which order an implementation sums in is not observable from outside."""
+    half-accumulating backward: which order an implementation sums in is not observable from outside."""
     key = ("half_accumulation_gradient_error",)
-    if key in case._cache:
-        return case._cache[key]
-    ref = backward(case)
-    err: dict[str, np.ndarray] = {}
-    with np.errstate(all="ignore"):
-        for order in HALF_ACCUMULATION_ORDERS:
-            for scaling in HALF_ACCUMULATION_SCALINGS:
-                for name, g in naive_backward_half_accumulation(case, order, scaling).items():
-                    e = np.abs(g - getattr(ref, name))
-                    e = np.where(np.isfinite(e), e, 0.0)
-                    err[name] = e if name not in err else np.maximum(err[name], e)
-    case._cache[key] = err
-    return err
+    if key not in case._cache:
+        case._cache[key] = largest_gradient_errors(case, (
+            naive_backward_half_accumulation(case, order, scaling)
+            for order in HALF_ACCUMULATION_ORDERS for scaling in HALF_ACCUMULATION_SCALINGS))
+    return case._cache[key]
