@@ -281,7 +281,12 @@ def _uniform_weight_gradients(entry, case, res, masks) -> Verdict:
 
         mag = mags[name] + (group_sum(np.swapaxes(w, -1, -2) @ np.abs(case.grad_out), case.shape["Hkv"])
                             if name == "dv" else 0.0)
-        j = T.judge_arrays(g, exp, gradient_baseline_error(case)[name], case.dtype, quantity=name,
+        base = gradient_baseline_error(case)[name]
+        if name in entry.get("_half_accumulated", ()):    # the visible rows' products accumulate in the dtype
+            from attnconf.reference.emulate_half_backward import half_accumulation_gradient_error
+
+            base = np.maximum(base, half_accumulation_gradient_error(case)[name])
+        j = T.judge_arrays(g, exp, base, case.dtype, quantity=name,
                            model="gradient", magnitude=mag, mask=masks[name])
         if not j.ok:
             return _judged(j)
@@ -378,13 +383,12 @@ def _recomputed_weights_float32(entry, case, res, masks) -> Verdict:
     (FlashAttention's backward): each weight is off by up to eps32 (|s_ij| + |lse_i| + 1) relative, and
     that reaches dV = P^T dO and, through dS = P (dP - D), dQ and dK. The allowance of SPEC section 12
     plus gamma times that propagated error, elementwise, multiplied by the entry's `bound`."""
-    from attnconf.reference.backward import backward, group_sum
+    from attnconf.reference.backward import group_sum
     from attnconf.reference.emulate_backward import gradient_baseline_error
 
     if case.dtype == "float64" or case.grad_out is None or not res.grads:
         return Verdict(False, "recomputed_weights_float32 describes half and float32 gradients only")
     f = oracle(case)
-    ref = backward(case)
     s = case.shape
     hq, hkv = s["Hq"], s["Hkv"]
     eps = float(np.finfo(np.float32).eps)
@@ -402,15 +406,24 @@ def _recomputed_weights_float32(entry, case, res, masks) -> Verdict:
                  "dq": sc * dds @ np.abs(expand_kv(case.k, hq)),
                  "dk": group_sum(sc * np.swapaxes(dds, -1, -2) @ np.abs(case.q), hkv)}
     base = gradient_baseline_error(case)
-    mags = T.gradient_magnitudes(case)
     c_max = T.spec.tolerances()["gradient"]["c_max"]
-    for name, add in extra.items():
+    return _judge_gradients_with(entry, case, res, masks, {n: base[n] + gamma * add / c_max for n, add in extra.items()},
+                                 "weights recomputed in float32")
+
+
+def _judge_gradients_with(entry, case, res, masks, allowance: dict[str, np.ndarray], what: str) -> Verdict:
+    """Each covered gradient under the gradient model with `allowance` in place of the baseline's error."""
+    from attnconf.reference.backward import backward
+
+    ref = backward(case)
+    mags = T.gradient_magnitudes(case)
+    for name, base in allowance.items():
         if name not in masks or name not in res.grads:
             continue
         r = getattr(ref, name)
-        j = T.judge_arrays(np.broadcast_to(res.grads[name], r.shape), r, base[name] + gamma * add / c_max,
-                           case.dtype, quantity=f"{name} (weights recomputed in float32)", model="gradient",
-                           magnitude=mags[name], mask=masks[name], factor=_bound(entry))
+        j = T.judge_arrays(np.broadcast_to(res.grads[name], r.shape), r, base, case.dtype,
+                           quantity=f"{name} ({what})", model="gradient", magnitude=mags[name], mask=masks[name],
+                           factor=_bound(entry))
         if not j.ok:
             return _judged(j)
     return Verdict(True)
@@ -429,6 +442,29 @@ def _half_accumulation(entry, case, res, masks) -> Verdict:
         base = np.maximum(half_accumulation_error(case), baseline_error(case)[0])
     return _judged(T.judge_arrays(np.asarray(res.out), ref, base, case.dtype, quantity="out (half accumulation)",
                                   mask=masks["out"], factor=_bound(entry)))
+
+
+@alternative("half_accumulation_gradients", GRADIENTS, numeric=True, takes_bound=True)
+def _half_accumulation_gradients(entry, case, res, masks) -> Verdict:
+    """`bound` x c_max x the error of the backward of a naive implementation whose dot products (the
+    forward's Q K^T included) accumulate in the case's own half type (the largest over the summation orders
+    and scalings of emulate_half_backward.half_accumulation_gradient_error), or the gradient baseline's
+    where larger, plus the floor: `half_accumulation` for gradients."""
+    from attnconf.reference.emulate_backward import gradient_baseline_error
+    from attnconf.reference.emulate_half_backward import half_accumulation_gradient_error
+
+    if case.dtype not in ("float16", "bfloat16") or case.grad_out is None or not res.grads:
+        return Verdict(False, "half_accumulation_gradients describes float16 and bfloat16 gradients only")
+    half, base = half_accumulation_gradient_error(case), gradient_baseline_error(case)
+    return _judge_gradients_with(entry, case, res, masks, {n: np.maximum(half[n], base[n]) for n in half},
+                                 "half accumulation")
+
+
+def half_accumulated(applied: list) -> frozenset[str]:
+    """The gradients that an applied entry declares half-accumulated (`half_accumulation_gradients`): where
+    another entry covers the same elements (a row region covers every dK and dV its rows reach), its
+    alternative judges them with that error too, as `precision_of` passes a declared lower precision on."""
+    return frozenset(q for a in applied if a.instead == "half_accumulation_gradients" for q in a.entry["quantities"])
 
 
 # ---- the reference of a nearby problem --------------------------------------------------
@@ -628,15 +664,20 @@ def load_all() -> None:
                     expected_values(name, fn)
 
 
-def check(entry: dict[str, Any], case, res, masks: dict[str, np.ndarray], *, as_dtype: str | None = None) -> Verdict:
+def check(entry: dict[str, Any], case, res, masks: dict[str, np.ndarray], *, as_dtype: str | None = None,
+          half_accumulated: frozenset[str] = frozenset()) -> Verdict:
     """Judge the covered elements of `res` against the entry's alternative; elements that conform to
     the spec itself are accepted as well (the implementation may have improved). `as_dtype` judges a
-    float64 case at another precision (an implementation another entry declares float32-accurate)."""
+    float64 case at another precision (an implementation another entry declares float32-accurate);
+    `half_accumulated` names the gradients that another applied entry declares half-accumulated, which
+    an alternative computing expected gradients (uniform_weight_gradients) judges with that error."""
     alt = ALTERNATIVES[entry["instead"]]
     if not masks:
         return Verdict(True)
     if as_dtype is not None:
         entry = {**entry, "_as_dtype": as_dtype}
+    if half_accumulated:
+        entry = {**entry, "_half_accumulated": half_accumulated}
     v = alt.check(entry, case, res, masks)
     if v.ok:
         return v

@@ -591,7 +591,8 @@ def run(impl: Subject, case: Case, *, grads: bool = False, need: Iterable[str] =
         judged = case
         if a.instead != "scale_float32" and any(b.instead == "scale_float32" for b in applied):
             judged = alternatives.scale_float32_case(case)   # another entry says the scale is a float32
-        verdict = alternatives.check(a.entry, judged, res, masks, as_dtype=precision_of(applied, case))
+        verdict = alternatives.check(a.entry, judged, res, masks, as_dtype=precision_of(applied, case),
+                                     half_accumulated=alternatives.half_accumulated(applied))
         if not verdict.ok:
             raise ConformanceFailure(a.entry["clause"], f"{a.id}: {verdict.detail}", case, adapter.name)
         if not any(m.any() for m in masks.values()):

@@ -335,39 +335,42 @@ HALF_ACCUMULATION_ORDERS = ("ascending", "descending", "pairs")
 HALF_ACCUMULATION_SCALINGS = ("q", "logits")
 
 
-def naive_forward_half_accumulation(case: Case, order: str = "ascending", scaling: str = "q") -> np.ndarray:
-    """The output of a naive implementation whose dot products (Q K^T and P V) accumulate in the
-    case's own dtype, rounded after every multiply and every addition, in `order` (ascending,
-    descending, or "pairs": even and odd terms in two running sums added at the end, which matched
-    tf.einsum's float16 result bit for bit on one 8 x 96 x 8 product, though not on other shapes);
-    the scale on Q before the product (`scaling="q"`) or on the float16 product in float32 ("logits",
-    as Keras does); the softmax in float32 as in `naive_forward`. Not a yardstick of the spec (which allows float32 accumulation):
-    it states what "accumulates in half precision" means where a divergence declares it."""
-    key = ("naive_half_accumulation", case.dtype, order, scaling)
+def half_matmul(a: np.ndarray, b: np.ndarray, dtype: str, order: str = "ascending") -> np.ndarray:
+    """a @ b (float32 arrays holding `dtype` values) accumulated in `dtype`: every product and every partial
+    sum rounded to it, in `order` (HALF_ACCUMULATION_ORDERS: ascending, descending, or "pairs": even and
+    odd terms in two running sums added at the end, which matched tf.einsum's float16 result bit for bit
+    on one 8 x 96 x 8 product, though not on other shapes). float32 result."""
+    if order not in HALF_ACCUMULATION_ORDERS:
+        raise ValueError(f"unknown half accumulation order {order!r}; known: {', '.join(HALF_ACCUMULATION_ORDERS)}")
+    r = _rounder(dtype)
+    n = a.shape[-1]
+    steps = range(n - 1, -1, -1) if order == "descending" else range(n)
+    shape = np.broadcast_shapes(a.shape[:-1] + (1,), b.shape[:-2] + (1, b.shape[-1]))
+    acc = [np.zeros(shape, np.float32) for _ in range(2)]
+    for i in steps:
+        lane = i % 2 if order == "pairs" else 0
+        acc[lane] = r(acc[lane] + r(a[..., :, i:i + 1] * b[..., i:i + 1, :]))
+    return r(acc[0] + acc[1]) if order == "pairs" else acc[0]
+
+
+def half_accumulation_weights(case: Case, order: str = "ascending", scaling: str = "q") -> np.ndarray:
+    """The float32 softmax weights (not yet rounded) of a naive implementation whose Q K^T accumulates in the
+    case's dtype (`half_matmul` in `order`), the scale on Q before the product (`scaling="q"`) or on the
+    dtype-rounded product in float32 ("logits", as Keras does), bias and visibility applied, the softmax in
+    float32 as in `naive_forward`."""
+    key = ("half_accumulation_weights", case.dtype, order, scaling)
     if key in case._cache:
         return case._cache[key]
-    if order not in HALF_ACCUMULATION_ORDERS or scaling not in HALF_ACCUMULATION_SCALINGS:
-        raise ValueError(f"unknown half accumulation variant {order!r}, {scaling!r}")
+    if scaling not in HALF_ACCUMULATION_SCALINGS:
+        raise ValueError(f"unknown half accumulation scaling {scaling!r}; known: {', '.join(HALF_ACCUMULATION_SCALINGS)}")
     r = _rounder(case.dtype)
     f32 = np.float32
-    hq = case.shape["Hq"]
     vis = oracle(case).visible
-
-    def matmul_in_dtype(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        n = a.shape[-1]
-        steps = range(n - 1, -1, -1) if order == "descending" else range(n)
-        acc = [np.zeros(a.shape[:-1] + b.shape[-1:], f32) for _ in range(2)]
-        for i in steps:
-            lane = i % 2 if order == "pairs" else 0
-            acc[lane] = r(acc[lane] + r(a[..., :, i:i + 1] * b[..., i:i + 1, :]))
-        return r(acc[0] + acc[1]) if order == "pairs" else acc[0]
-
     with np.errstate(all="ignore"):
         scale = f32(case.effective_scale)
         q = r(case.q.astype(f32) * scale) if scaling == "q" else case.q.astype(f32)
-        k = expand_kv(case.k, hq).astype(f32)
-        v = expand_kv(case.v, hq).astype(f32)
-        s = matmul_in_dtype(q, np.swapaxes(k, -1, -2))
+        k = expand_kv(case.k, case.shape["Hq"]).astype(f32)
+        s = half_matmul(q, np.swapaxes(k, -1, -2), case.dtype, order)
         if scaling == "logits":
             s = (s * scale).astype(f32)
         if case.bias is not None:
@@ -377,8 +380,26 @@ def naive_forward_half_accumulation(case: Case, order: str = "ascending", scalin
         m = np.where(np.isneginf(m), f32(0), m).astype(f32)
         p = np.where(vis, np.exp(s - m), f32(0)).astype(f32)
         l = p.sum(axis=-1, keepdims=True, dtype=f32)
-        w = r(np.where(l > 0, p / np.where(l > 0, l, f32(1)), f32(0)))
-        out = matmul_in_dtype(w, np.where(np.isfinite(v), v, f32(0))).astype(np.float64)
+        w = np.where(l > 0, p / np.where(l > 0, l, f32(1)), f32(0)).astype(f32)
+    case._cache[key] = w
+    return w
+
+
+def naive_forward_half_accumulation(case: Case, order: str = "ascending", scaling: str = "q") -> np.ndarray:
+    """The output of a naive implementation whose dot products (Q K^T and P V) accumulate in the
+    case's own dtype, rounded after every multiply and every addition (`half_matmul` in `order`), with
+    the weights of `half_accumulation_weights` rounded to the dtype. Not a yardstick of the spec (which
+    allows float32 accumulation): it states what "accumulates in half precision" means where a
+    divergence declares it."""
+    key = ("naive_half_accumulation", case.dtype, order, scaling)
+    if key in case._cache:
+        return case._cache[key]
+    r = _rounder(case.dtype)
+    f32 = np.float32
+    with np.errstate(all="ignore"):
+        w = r(half_accumulation_weights(case, order, scaling))
+        v = expand_kv(case.v, case.shape["Hq"]).astype(f32)
+        out = half_matmul(w, np.where(np.isfinite(v), v, f32(0)), case.dtype, order).astype(np.float64)
     case._cache[key] = out
     return out
 
