@@ -32,8 +32,9 @@ SINK_OFFSETS = (0.0, 5.0, -5.0, 1.0)       # sink minus the head's median lse: c
 
 
 def alibi_schedule(hq: int) -> np.ndarray:
-    """Geometric slopes with alternating signs; with two or more heads, the last one steep (2.0)."""
-    slopes = geometric_slopes(hq) * np.where(np.arange(hq) % 2, -1.0, 1.0)
+    """Geometric slopes with alternating signs, the first head's negative; with two or more heads, the last one
+    steep (2.0). Two heads (most boundary shapes) give (-1/16, 2): a negative slope at every boundary."""
+    slopes = geometric_slopes(hq) * np.where(np.arange(hq) % 2, 1.0, -1.0)
     if hq >= 2:
         slopes[-1] = 2.0
     return slopes if hq > 1 else np.array([-0.5])
