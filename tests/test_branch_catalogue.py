@@ -113,17 +113,6 @@ def test_sdpa_control_agrees_on_the_witness(name):
     assert max(err.values()) < 1e-10, f"the control differs at {name}'s witness: {err}"
 
 
-def test_the_sweep_has_no_causal_family_so_the_gap_kernel_passes_it():
-    """np_split_causal_ignored is wrong on every causal split-KV case, and the sweep has none (no family of
-    branch_cases is causal): what a causal family would add. Its runs are recorded by hand, not here."""
-    gap = adapters.load("numpy", kernel="tests.kernels.branch_bugs:np_split_causal_ignored")[0]
-    case = branch_case(BY_ID["split-KV"], "plain", "float64")
-    assert max(errors(gap, case.replace(causal="bottom_right")).values()) > 1e-2
-    assert max(errors(gap, case).values()) < 1e-10
-    assert all(c.causal is None for b in ("split-KV", "split-KV-2048") for f in BRANCH_FAMILIES
-               for c in [branch_case(BY_ID[b], f, "float64")])
-
-
 # ---- the sweep against the catalogue (slow: one dtype cell of the sweep per bug) ----------------------
 def cell_dtype(name: str, dtypes: tuple[str, ...], monkeypatch) -> tuple[str, str]:
     """(boundary, dtype): the bug's first boundary whose grid case the ci sweep runs in a dtype that shows the

@@ -275,7 +275,5 @@ def fa_alibi_lse_no_bias(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
 BUGS["fa_alibi_lse_no_bias"] = BranchBug("flash_attn", fa_alibi_lse_no_bias.__doc__, ANY, "alibi")
 
 
-# ---- a defect the sweep cannot see: no family of conformance/branch_cases.py is causal ----------------
-GAPS: dict[str, BranchBug] = {"np_split_causal_ignored": BUGS.pop(_variant(
-    "np_split_causal_ignored", _causal_off_on_split, ("split-KV", "split-KV-2048"), "plain",
-    "Defect: on the split-KV path the causal mask is not applied (each split sees all its keys).").__name__)}
+_variant("np_split_causal_ignored", _causal_off_on_split, ("split-KV", "split-KV-2048"), "causal",
+         "Defect: on the split-KV path the causal mask is not applied (each split sees all its keys).")
