@@ -68,7 +68,8 @@ def _split_kv(s: torch.Tensor, vis: torch.Tensor, v: torch.Tensor, p_drop: float
         sj = torch.where(vj, sj, -math.inf)
         m = sj.amax(dim=-1, keepdim=True)
         p = torch.where(vj, torch.exp(sj - torch.where(torch.isneginf(m), 0.0, m)), 0.0)
-        parts.append((m, p.sum(dim=-1, keepdim=True), weighted_values(dropout(p, p_drop), v[..., j0:j0 + SPLIT_CHUNK, :])))
+        o = weighted_values(dropout(p, p_drop), v[..., j0:j0 + SPLIT_CHUNK, :])
+        parts.append((m, p.sum(dim=-1, keepdim=True), o))
     m = torch.stack([m for m, _, _ in parts]).amax(dim=0)
     m_safe = torch.where(torch.isneginf(m), 0.0, m)
     acc, total = 0.0, 0.0
@@ -213,6 +214,10 @@ def _kv_head_slopes(c: Case) -> dict | None:
     return {"case": {"alibi_slopes": sl[..., first]}}
 
 
+def _causal_off_on_split(c: Case) -> dict | None:
+    return {"case": {"causal": None}} if c.causal is not None and split_path(c.shape["Lq"], c.shape["Lk"]) else None
+
+
 _variant("np_split_sink_ignored", _on_split({"sink_ignored": True}), ("split-KV", "split-KV-2048"), "sinks",
          "Defect: on the split-KV path the sink is left out of the merge (it joins no split's denominator).")
 _variant("np_split_window_ignored", _on_split({"window_ignored": True}), ("split-KV", "split-KV-2048"), "window",
@@ -222,13 +227,11 @@ _variant("np_split_alibi_clamped",
                     if c.alibi_slopes is not None and split_path(c.shape["Lq"], c.shape["Lk"]) else None),
          ("split-KV", "split-KV-2048"), "alibi",
          "Defect: on the split-KV path negative ALiBi slopes are clamped to 0 (that path assumes slopes >= 0).")
-def _causal_off_on_split(c: Case) -> dict | None:
-    return {"case": {"causal": None}} if c.causal is not None and split_path(c.shape["Lq"], c.shape["Lk"]) else None
-
-
 _variant("np_alibi_packed_kv_slope", _kv_head_slopes, ("group>8", "group>16", "group>64"), "alibi",
          "Defect: on the packed-GQA path (more than 8 query heads per KV head) every query head takes the ALiBi "
          "slope of its group's first head.")
+_variant("np_split_causal_ignored", _causal_off_on_split, ("split-KV", "split-KV-2048"), "causal",
+         "Defect: on the split-KV path the causal mask is not applied (each split sees all its keys).")
 
 
 # ---- flash-attention 2's flash_attn_func ------------------------------------------------------
@@ -273,7 +276,3 @@ def fa_alibi_lse_no_bias(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
 
 
 BUGS["fa_alibi_lse_no_bias"] = BranchBug("flash_attn", fa_alibi_lse_no_bias.__doc__, ANY, "alibi")
-
-
-_variant("np_split_causal_ignored", _causal_off_on_split, ("split-KV", "split-KV-2048"), "causal",
-         "Defect: on the split-KV path the causal mask is not applied (each split sees all its keys).")
