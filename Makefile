@@ -63,7 +63,7 @@ test-suites: setup
 # test_verdicts first: its hanging-kernel run (the whole suite under --isolate, 1 to 3 min) then overlaps the catalogue on the other worker
 test-catalogue: setup
 	$(PY) -m pytest tests/test_verdicts.py tests/test_catalogue.py tests/test_catalogue_conventions.py \
-	    tests/test_variant_catalogue.py tests/test_catalogue_2026_a.py tests/test_catalogue_2026_b.py tests/test_memory_determinism_catalogue.py tests/test_runner.py -q \
+	    tests/test_variant_catalogue.py tests/test_catalogue_2026_a.py tests/test_catalogue_2026_b.py tests/test_memory_determinism_catalogue.py tests/test_branch_catalogue.py tests/test_runner.py -q \
 	    -m "slow and not long" -p no:cacheprovider -n 2 --durations=10
 
 # the clause-by-clause proof, re-measured: one restricted suite run per normative clause (bench/clause_proof.json,

@@ -15,7 +15,9 @@ The families follow what kernels branch on, not a size budget:
 - alibi: the geometric schedule with alternating signs and one slope above 1 (negative slopes make far keys
   dominate, which a kernel that clamps or drops the sign gets wrong), lse judged where returned;
 - sinks: per-head sink logits at, above and below each head's typical lse (they change the result);
-- gradients: dO drawn from the case's seed (backward kernels tile the same dimensions).
+- gradients: dO drawn from the case's seed (backward kernels tile the same dimensions);
+- causal: bottom-right causal (split-KV decode kernels mask the last Lq - 1 keys on their own path: a kernel that
+  drops causal only when it splits passed the whole ci suite before this family, tests/kernels/branch_bugs.py).
 """
 from __future__ import annotations
 
@@ -27,13 +29,14 @@ from attnconf.conformance.boundaries import BOUNDARIES, Boundary
 from attnconf.conformance.strategies import fixed_case, geometric_slopes
 from attnconf.reference import Case, oracle
 
-BRANCH_FAMILIES = ("plain", "gqa", "window", "alibi", "sinks", "gradients")
+BRANCH_FAMILIES = ("plain", "gqa", "window", "alibi", "sinks", "gradients", "causal")
 SINK_OFFSETS = (0.0, 5.0, -5.0, 1.0)       # sink minus the head's median lse: comparable, dominant, negligible
 
 
 def alibi_schedule(hq: int) -> np.ndarray:
-    """Geometric slopes with alternating signs; with two or more heads, the last one steep (2.0)."""
-    slopes = geometric_slopes(hq) * np.where(np.arange(hq) % 2, -1.0, 1.0)
+    """Geometric slopes with alternating signs, the first head's negative; with two or more heads, the last one
+    steep (2.0). Two heads (most boundary shapes) give (-1/16, 2): a negative slope at every boundary."""
+    slopes = geometric_slopes(hq) * np.where(np.arange(hq) % 2, 1.0, -1.0)
     if hq >= 2:
         slopes[-1] = 2.0
     return slopes if hq > 1 else np.array([-0.5])
@@ -67,6 +70,8 @@ def branch_case(b: Boundary, family: str, dtype: str) -> Case:
         return case.replace(alibi_slopes=alibi_schedule(s["Hq"]))
     if family == "sinks":
         return case.replace(sinks=sinks_for(case))
+    if family == "causal":
+        return case.replace(causal="bottom_right")
     if family == "gradients":
         rng = np.random.default_rng([seed, 7])
         return case.replace(grad_out=rng.normal(size=(s["B"], s["Hq"], s["Lq"], s["Dv"])))

@@ -2,8 +2,9 @@
 
 Kernels choose a code path by shape: a second query or key tile, the split-KV path of a short query block
 over a long history, a head-dim template, GQA packing, batch blocking. Each boundary of
-conformance/boundaries.py runs here in the plain, GQA, windowed, ALiBi (signed geometric slopes), sink and
-gradient families (conformance/branch_cases.py), in every dtype the cell runs, fitted to the declared scope.
+conformance/boundaries.py runs here in the plain, GQA, windowed, ALiBi (signed geometric slopes), sink,
+gradient and causal families (conformance/branch_cases.py), in every dtype the cell runs, fitted to the
+declared scope.
 The output is judged against the reference, the lse where the kernel returns one, the gradients where the
 family asks for them; a failure names its boundary and family, so a defect on one path reads as that path.
 Under the dev and ci profiles each (boundary, family) runs once, in one of the implementation's dtypes in
@@ -29,7 +30,7 @@ from attnconf.conformance.tolerance import judge_gradients, judge_lse, judge_out
 BOUNDARY_INDEX = {b.id: i for i, b in enumerate(BOUNDARIES)}
 EVERY_DTYPE_FROM = 100        # max_examples of the thorough profile: there, every grid case in every dtype
 FAMILY_CLAUSE = {"plain": None, "gqa": "ATTN-GQA-1", "window": "ATTN-WIN-1", "alibi": "ATTN-ALIBI-1",
-                 "sinks": "ATTN-SINK-1", "gradients": None}
+                 "sinks": "ATTN-SINK-1", "gradients": None, "causal": "ATTN-CAUSAL-1"}
 
 
 @functools.lru_cache(maxsize=None)
