@@ -26,7 +26,7 @@ from attnconf.reference import Case
 
 LOG_ENV = "ATTNCONF_BOUNDARY_LOG"
 TEMPLATES = (64, 96, 128, 160, 192, 256, 512, 576)
-FAMILIES = ("plain", "sinks", "alibi", "window", "gqa", "gradients")
+FAMILIES = ("plain", "sinks", "alibi", "window", "gqa", "gradients", "causal")
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def boundary_shapes(draw, *, gqa: bool, cross: bool, dv_ne_dk: bool, max_len: in
 def families(case: Case) -> list[str]:
     out = [f for f, on in (("sinks", case.sinks is not None), ("alibi", case.alibi_slopes is not None),
                            ("window", case.window is not None), ("gqa", case.shape["Hq"] > case.shape["Hkv"]),
-                           ("gradients", case.grad_out is not None)) if on]
+                           ("gradients", case.grad_out is not None), ("causal", case.causal is not None)) if on]
     return out or ["plain"]
 
 

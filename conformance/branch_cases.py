@@ -16,6 +16,8 @@ The families follow what kernels branch on, not a size budget:
   dominate, which a kernel that clamps or drops the sign gets wrong), lse judged where returned;
 - sinks: per-head sink logits at, above and below each head's typical lse (they change the result);
 - gradients: dO drawn from the case's seed (backward kernels tile the same dimensions);
+- causal_gradients: the gradients of the causal case (a backward kernel skips the blocks above the diagonal
+  on its own path);
 - causal: bottom-right causal (split-KV decode kernels mask the last Lq - 1 keys on their own path: a kernel that
   drops causal only when it splits passed the whole ci suite before this family, tests/kernels/branch_bugs.py).
 """
@@ -29,7 +31,7 @@ from attnconf.conformance.boundaries import BOUNDARIES, Boundary
 from attnconf.conformance.strategies import fixed_case, geometric_slopes
 from attnconf.reference import Case, oracle
 
-BRANCH_FAMILIES = ("plain", "gqa", "window", "alibi", "sinks", "gradients", "causal")
+BRANCH_FAMILIES = ("plain", "gqa", "window", "alibi", "sinks", "gradients", "causal", "causal_gradients")
 SINK_OFFSETS = (0.0, 5.0, -5.0, 1.0)       # sink minus the head's median lse: comparable, dominant, negligible
 
 
@@ -72,9 +74,10 @@ def branch_case(b: Boundary, family: str, dtype: str) -> Case:
         return case.replace(sinks=sinks_for(case))
     if family == "causal":
         return case.replace(causal="bottom_right")
-    if family == "gradients":
+    if family in ("gradients", "causal_gradients"):
         rng = np.random.default_rng([seed, 7])
-        return case.replace(grad_out=rng.normal(size=(s["B"], s["Hq"], s["Lq"], s["Dv"])))
+        return case.replace(grad_out=rng.normal(size=(s["B"], s["Hq"], s["Lq"], s["Dv"])),
+                            causal="bottom_right" if family == "causal_gradients" else None)
     return case
 
 

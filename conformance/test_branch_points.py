@@ -30,7 +30,8 @@ from attnconf.conformance.tolerance import judge_gradients, judge_lse, judge_out
 BOUNDARY_INDEX = {b.id: i for i, b in enumerate(BOUNDARIES)}
 EVERY_DTYPE_FROM = 100        # max_examples of the thorough profile: there, every grid case in every dtype
 FAMILY_CLAUSE = {"plain": None, "gqa": "ATTN-GQA-1", "window": "ATTN-WIN-1", "alibi": "ATTN-ALIBI-1",
-                 "sinks": "ATTN-SINK-1", "gradients": None, "causal": "ATTN-CAUSAL-1"}
+                 "sinks": "ATTN-SINK-1", "gradients": None, "causal": "ATTN-CAUSAL-1",
+                 "causal_gradients": "ATTN-CAUSAL-1"}
 
 
 @functools.lru_cache(maxsize=None)
