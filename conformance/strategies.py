@@ -874,19 +874,23 @@ def decode_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, lengths: tuple[int, 
     """Decode (ATTN-DECODE-1): Lq = 1 against a long KV, GQA groups up to 8, per-sequence kv lengths,
     bottom-right causal (the query on the last key); with a window (w, -1 or 0), softcap, ALiBi and sinks
     each half the time when `variants`."""
-    lk = draw(st.sampled_from(lengths))
-    hkv = draw(st.sampled_from((1, 2)))
-    group = draw(st.sampled_from((1, 4, 8)))
-    d = draw(st.sampled_from((64, 128, 32, 8)))
-    b = draw(st.sampled_from((1, 2, 3)))
-    while b * hkv * group * lk * 2 * d > BUDGET and (b > 1 or group > 1 or d > 8):
-        if b > 1:
-            b -= 1
-        elif group > 1:
-            group //= 2
-        else:
-            d //= 2
-    s = {"B": b, "Hq": hkv * group, "Hkv": hkv, "Lq": 1, "Lk": lk, "Dk": d, "Dv": d}
+    s = draw(_palette(gqa=True, cross=True, dv_ne_dk=False, max_len=max(lengths),
+                      require=lambda t: t["Lq"] == 1 and t["Lk"] in lengths)) if _limit("palette") else None
+    if s is None:
+        lk = draw(st.sampled_from(lengths))
+        hkv = draw(st.sampled_from((1, 2)))
+        group = draw(st.sampled_from((1, 4, 8)))
+        d = draw(st.sampled_from((64, 128, 32, 8)))
+        b = draw(st.sampled_from((1, 2, 3)))
+        while b * hkv * group * lk * 2 * d > BUDGET and (b > 1 or group > 1 or d > 8):
+            if b > 1:
+                b -= 1
+            elif group > 1:
+                group //= 2
+            else:
+                d //= 2
+        s = {"B": b, "Hq": hkv * group, "Hkv": hkv, "Lq": 1, "Lk": lk, "Dk": d, "Dv": d}
+    b, lk = s["B"], s["Lk"]
     dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)

@@ -65,6 +65,7 @@ FAMILIES = {
     "sinks": S.sink_cases(),
     "convention": S.convention_cases(),
     "lse": S.lse_cases(),
+    "decode": S.decode_cases(),
 }
 
 
