@@ -37,7 +37,7 @@ from attnconf.adapters import Adapter, KernelError, Result
 from attnconf.adapters.base import NotSupported
 from attnconf.reference import DTYPES, Case
 
-from . import alternatives, boundaries, tolerance
+from . import alternatives, boundaries, palette, tolerance
 from .nan_aware import max_gap
 from . import strategies as strategies_module
 
@@ -471,7 +471,8 @@ def scope_of(adapter: Adapter) -> dict[str, Any]:
             "head_dims": tuple(dims) if dims else None,
             "max_seqlen": declared.get("max_seqlen") or getattr(adapter, "max_seqlen", None),
             "contract": getattr(adapter, "contract", None),    # declared length limits (adapters/contract.py)
-            "kv_covers_q": declared.get("kv_covers_q", False)}
+            "kv_covers_q": declared.get("kv_covers_q", False),
+            "palette": palette.on(adapter)}          # shapes from conformance/palette.py (compiles per shape)
 
 
 # ---- running and judging ----------------------------------------------

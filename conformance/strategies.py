@@ -22,7 +22,7 @@ import numpy as np
 from hypothesis import reject
 from hypothesis import strategies as st
 
-from attnconf.conformance import boundaries
+from attnconf.conformance import boundaries, palette
 from attnconf.reference import DTYPES, Case
 
 BUDGET = 1_500_000
@@ -146,6 +146,23 @@ def fit_lengths(draw, lq: int, lk: int) -> tuple[int, int]:
                                 equal=lq == lk and not allows("cross"))
 
 
+def _palette(require=None, **switches):
+    """conformance/palette.py's shapes that `switches` (gqa, cross, dv_ne_dk, max_len), `require` and the
+    declared scope allow (None if none: the caller draws freely)."""
+    return palette.palette_shapes(head_dims=_limit("head_dims"), max_seqlen=_limit("max_seqlen"),
+                                  max_head_dim=_limit("max_head_dim"), require=require, **switches)
+
+
+@st.composite
+def _palette_family(draw, max_len: int, require) -> dict[str, int] | None:
+    """On a compile-per-shape implementation, a palette shape of the family `require` accepts; else None
+    (nothing drawn: the caller draws from `shapes()` and bends the shape into the family)."""
+    if not _limit("palette"):
+        return None
+    return draw(_palette(gqa=allows("gqa"), cross=allows("cross"), dv_ne_dk=allows("dv_ne_dk"), max_len=max_len,
+                         require=require))
+
+
 @st.composite
 def shapes(draw, *, gqa: bool = True, cross: bool = True, dv_ne_dk: bool = True, max_len: int = 385,
            same_d: bool = False) -> dict[str, int]:
@@ -158,6 +175,13 @@ def shapes(draw, *, gqa: bool = True, cross: bool = True, dv_ne_dk: bool = True,
         if s is not None:
             if _limit("kv_covers_q") and s["Lk"] < s["Lq"]:
                 s["Lq"], s["Lk"] = s["Lk"], s["Lq"]
+            return s
+    if _limit("palette"):                      # a compile-per-shape implementation: reuse compiled shapes
+        s = draw(_palette(gqa=gqa, cross=cross, dv_ne_dk=dv_ne_dk and not same_d, max_len=max_len))
+        if s is not None:
+            if _limit("kv_covers_q") and s["Lk"] < s["Lq"]:
+                s["Lq"], s["Lk"] = s["Lk"], s["Lq"]
+            s["Lq"], s["Lk"] = fit_lengths(draw, s["Lq"], s["Lk"])
             return s
     lq = draw(lengths(max_len))
     lk = draw(lengths(max_len)) if cross and draw(st.booleans()) else lq
@@ -382,6 +406,10 @@ def onehot_cases(draw, *, max_len: int = 33, max_chunks: int = 4, sinks: bool = 
 def causal_cases(draw, *, max_len: int = 65, alignment: str | None = None, tall: bool = False) -> Case:
     """Cases with causal masking on (both alignments unless `alignment`); `tall`: bottom_right with Lq > Lk."""
     if tall:
+        s = draw(_palette(gqa=True, cross=True, dv_ne_dk=False, max_len=max_len,
+                          require=lambda s: s["Lq"] > s["Lk"])) if _limit("palette") else None
+        if s is not None:
+            return draw(_cases_with_palette_shape(s)).replace(causal="bottom_right")
         lk = draw(st.sampled_from([n for n in SMALL_LENGTHS if n < max_len]))
         lq = draw(st.sampled_from([n for n in SMALL_LENGTHS + MEDIUM_LENGTHS if lk < n <= max_len]))
         case = draw(cases_with_shape(lq=lq, lk=lk))
@@ -392,9 +420,9 @@ def causal_cases(draw, *, max_len: int = 65, alignment: str | None = None, tall:
 
 @st.composite
 def cases_with_shape(draw, *, lq: int, lk: int, hkv: int | None = None, group: int | None = None,
-                     dk: int | None = None, **switches) -> Case:
-    """Like `cases`, with the given lengths (and head counts / head dim where given) fixed."""
-    b = draw(st.sampled_from((1, 2, 3)))
+                     dk: int | None = None, b: int | None = None, **switches) -> Case:
+    """Like `cases`, with the given lengths (and head counts / head dim / batch where given) fixed."""
+    b = b if b is not None else draw(st.sampled_from((1, 2, 3)))
     hkv = hkv if hkv is not None else draw(st.sampled_from((1, 2, 3)))
     group = group if group is not None else draw(st.sampled_from(GROUPS))
     dk = dk if dk is not None else draw(st.sampled_from((8, 16, 4, 1, 32, 64)))
@@ -419,12 +447,25 @@ def cases_with_shape(draw, *, lq: int, lk: int, hkv: int | None = None, group: i
 @st.composite
 def gqa_cases(draw, *, max_len: int = 65, mqa: bool = False, **switches) -> Case:
     """Hkv < Hq with distinct KV heads: 2..4 KV heads in groups of 2..4, or Hkv = 1 (MQA) when `mqa`."""
+    if _limit("palette"):
+        s = draw(_palette(gqa=True, cross=True, dv_ne_dk=False, max_len=max_len,
+                          require=lambda s: s["Hq"] > s["Hkv"] and (s["Hkv"] == 1) == mqa))
+        if s is not None:
+            return draw(_cases_with_palette_shape(s, fit=True, **switches))
     lq = draw(lengths(max_len))
     lk = draw(lengths(max_len)) if draw(st.booleans()) else lq
     lq, lk = fit_lengths(draw, lq, lk)
     hkv = 1 if mqa else draw(st.sampled_from((2, 3, 4, 8)))
     group = draw(st.sampled_from((2, 4, 8) if mqa else (2, 3, 4)))
     return draw(cases_with_shape(lq=lq, lk=lk, hkv=hkv, group=group, **switches))
+
+
+@st.composite
+def _cases_with_palette_shape(draw, s: dict[str, int], *, fit: bool = False, **switches) -> Case:
+    """`cases_with_shape` on a palette shape (Dv = Dk); `fit`: lengths fitted to the declared limits."""
+    lq, lk = fit_lengths(draw, s["Lq"], s["Lk"]) if fit else (s["Lq"], s["Lk"])
+    return draw(cases_with_shape(lq=lq, lk=lk, hkv=s["Hkv"], group=s["Hq"] // s["Hkv"], dk=s["Dk"], b=s["B"],
+                                 **switches))
 
 
 def without_q_lengths(case: Case) -> Case:
@@ -498,10 +539,12 @@ def empty_row_cases(draw, *, max_len: int = 33, dtypes: tuple[str, ...] = DTYPES
     """A case that certainly has fully-masked query rows, made by a mask row, a -inf bias row,
     query padding, a zero key length, or bottom-right causal with Lq > Lk."""
     how = draw(declared_choice({k: v for k, v in EMPTY_SOURCES.items() if k in sources}))
-    s = draw(shapes(max_len=max_len))
-    if how == "bottom_right":
-        s["Lq"] = max(s["Lq"], 2)
-        s["Lk"] = draw(st.integers(1, s["Lq"] - 1))
+    s = draw(_palette_family(max_len, lambda t: t["Lq"] > t["Lk"])) if how == "bottom_right" else None
+    if s is None:
+        s = draw(shapes(max_len=max_len))
+        if how == "bottom_right":
+            s["Lq"] = max(s["Lq"], 2)
+            s["Lk"] = draw(st.integers(1, s["Lq"] - 1))
     dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
@@ -536,11 +579,13 @@ def empty_row_cases(draw, *, max_len: int = 33, dtypes: tuple[str, ...] = DTYPES
 @st.composite
 def per_batch_mask_cases(draw, *, max_len: int = 33, dtypes: tuple[str, ...] = DTYPES) -> Case:
     """B >= 2 and a mask, -inf bias or lengths that certainly differ between batch elements."""
-    s = draw(shapes(max_len=max_len))
-    s["B"] = draw(st.sampled_from((2, 3)))
-    if s["B"] * s["Hq"] * s["Lq"] * s["Lk"] * (s["Dk"] + s["Dv"]) > BUDGET:
-        s["Hq"] = s["Hkv"] = 1
-        s["Dk"] = s["Dv"] = min(s["Dk"], 16)
+    s = draw(_palette_family(max_len, lambda t: t["B"] >= 2))
+    if s is None:
+        s = draw(shapes(max_len=max_len))
+        s["B"] = draw(st.sampled_from((2, 3)))
+        if s["B"] * s["Hq"] * s["Lq"] * s["Lk"] * (s["Dk"] + s["Dv"]) > BUDGET:
+            s["Hq"] = s["Hkv"] = 1
+            s["Dk"] = s["Dv"] = min(s["Dk"], 16)
     b, hq, lq, lk = s["B"], s["Hq"], s["Lq"], s["Lk"]
     dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**32 - 1))
@@ -830,19 +875,23 @@ def decode_cases(draw, *, dtypes: tuple[str, ...] = DTYPES, lengths: tuple[int, 
     """Decode (ATTN-DECODE-1): Lq = 1 against a long KV, GQA groups up to 8, per-sequence kv lengths,
     bottom-right causal (the query on the last key); with a window (w, -1 or 0), softcap, ALiBi and sinks
     each half the time when `variants`."""
-    lk = draw(st.sampled_from(lengths))
-    hkv = draw(st.sampled_from((1, 2)))
-    group = draw(st.sampled_from((1, 4, 8)))
-    d = draw(st.sampled_from((64, 128, 32, 8)))
-    b = draw(st.sampled_from((1, 2, 3)))
-    while b * hkv * group * lk * 2 * d > BUDGET and (b > 1 or group > 1 or d > 8):
-        if b > 1:
-            b -= 1
-        elif group > 1:
-            group //= 2
-        else:
-            d //= 2
-    s = {"B": b, "Hq": hkv * group, "Hkv": hkv, "Lq": 1, "Lk": lk, "Dk": d, "Dv": d}
+    s = draw(_palette(gqa=True, cross=True, dv_ne_dk=False, max_len=max(lengths),
+                      require=lambda t: t["Lq"] == 1 and t["Lk"] in lengths)) if _limit("palette") else None
+    if s is None:
+        lk = draw(st.sampled_from(lengths))
+        hkv = draw(st.sampled_from((1, 2)))
+        group = draw(st.sampled_from((1, 4, 8)))
+        d = draw(st.sampled_from((64, 128, 32, 8)))
+        b = draw(st.sampled_from((1, 2, 3)))
+        while b * hkv * group * lk * 2 * d > BUDGET and (b > 1 or group > 1 or d > 8):
+            if b > 1:
+                b -= 1
+            elif group > 1:
+                group //= 2
+            else:
+                d //= 2
+        s = {"B": b, "Hq": hkv * group, "Hkv": hkv, "Lq": 1, "Lk": lk, "Dk": d, "Dv": d}
+    b, lk = s["B"], s["Lk"]
     dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
@@ -1038,22 +1087,29 @@ def convention_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPE
     """A case made of what flash-attention-style kernels take: GQA, Lq != Lk, bottom-right causal
     (top-left where Lq == Lk), a sliding window (left, right), softcap, ALiBi, lengths, a custom scale.
     `lq_pool` / `lk_pool` fix the lengths to draw from (default: `lengths(max_len)`)."""
-    lq = draw(st.sampled_from(lq_pool)) if lq_pool else draw(lengths(max_len))
-    if lk_pool:
-        lk = draw(st.sampled_from(lk_pool))
+    s = draw(_palette(gqa=True, cross=True, dv_ne_dk=False, max_len=max_len,
+                      require=lambda t: t["B"] >= min_b and t["Lq"] in (lq_pool or (t["Lq"],))
+                      and t["Lk"] in (lk_pool or (t["Lk"],)))) if _limit("palette") else None
+    if s is not None:
+        b, lq, lk = s["B"], *fit_lengths(draw, s["Lq"], s["Lk"])
+        s = {**s, "Lq": lq, "Lk": lk}
     else:
-        lk = draw(lengths(max_len)) if draw(st.booleans()) else lq
-    lq, lk = fit_lengths(draw, lq, lk)
-    hkv = draw(st.sampled_from((1, 2, 3)))
-    group = draw(st.sampled_from((1, 2, 3, 4)))
-    dk = draw(st.sampled_from(CONV_HEAD_DIMS))
-    b = draw(st.sampled_from(tuple(n for n in (1, 2, 3) if n >= min_b)))
-    while b * hkv * group * lq * lk * 2 * dk > BUDGET and (b > min_b or hkv > 1):
-        if b > min_b:
-            b -= 1
+        lq = draw(st.sampled_from(lq_pool)) if lq_pool else draw(lengths(max_len))
+        if lk_pool:
+            lk = draw(st.sampled_from(lk_pool))
         else:
-            hkv -= 1
-    s = {"B": b, "Hq": hkv * group, "Hkv": hkv, "Lq": lq, "Lk": lk, "Dk": dk, "Dv": dk}
+            lk = draw(lengths(max_len)) if draw(st.booleans()) else lq
+        lq, lk = fit_lengths(draw, lq, lk)
+        hkv = draw(st.sampled_from((1, 2, 3)))
+        group = draw(st.sampled_from((1, 2, 3, 4)))
+        dk = draw(st.sampled_from(CONV_HEAD_DIMS))
+        b = draw(st.sampled_from(tuple(n for n in (1, 2, 3) if n >= min_b)))
+        while b * hkv * group * lq * lk * 2 * dk > BUDGET and (b > min_b or hkv > 1):
+            if b > min_b:
+                b -= 1
+            else:
+                hkv -= 1
+        s = {"B": b, "Hq": hkv * group, "Hkv": hkv, "Lq": lq, "Lk": lk, "Dk": dk, "Dv": dk}
     dtype = draw(dtype_choice(dtypes))
     regime = draw(st.sampled_from(regimes))
     seed = draw(st.integers(0, 2**32 - 1))
@@ -1081,7 +1137,7 @@ def convention_cases(draw, *, max_len: int = 65, dtypes: tuple[str, ...] = DTYPE
         p["scale"] = draw(st.sampled_from(CUSTOM_SCALES))
     layout = draw(st.sampled_from(("contiguous", "contiguous", "noncontiguous")))
     if grad:
-        p["grad_out"] = rng.normal(size=(b, s["Hq"], lq, dk))
+        p["grad_out"] = rng.normal(size=(b, s["Hq"], lq, s["Dv"]))
     return Case.build(q, k, v, dtype=dtype, seed=seed, regime=regime, layout=layout, **p)
 
 
