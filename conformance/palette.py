@@ -141,13 +141,25 @@ def contains(shape: dict[str, int]) -> bool:
     return k in KEYS or (k[:3] + (k[4], k[3]) + k[5:]) in KEYS
 
 
+WIDE_FROM = 100      # max_examples from which a run searches widely (the thorough profile: 300)
+
+
+def wide() -> bool:
+    """Whether this run's profile searches widely (thorough): then no budget narrows what is drawn, neither
+    the palette nor the branch-point sweep's rotation of dtypes (conformance/test_branch_points.py)."""
+    from hypothesis import settings
+
+    return settings.default.max_examples >= WIDE_FROM
+
+
 def on(adapter: Any) -> bool:
     """Whether `adapter`'s cases are drawn from the palette: it compiles every new shape (example_budget
-    < 1), unless ATTNCONF_PALETTE says otherwise for every implementation."""
+    < 1) and the profile is not a wide search (`wide`), unless ATTNCONF_PALETTE says otherwise for every
+    implementation."""
     forced = os.environ.get(ENV, "")
     if forced in ("0", "1"):
         return forced == "1"
-    return getattr(adapter, "example_budget", 1.0) < 1.0
+    return getattr(adapter, "example_budget", 1.0) < 1.0 and not wide()
 
 
 @st.composite

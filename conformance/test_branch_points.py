@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import functools
 
-from hypothesis import settings as hsettings
-
-from attnconf.conformance import strategies as st
+from attnconf.conformance import palette, strategies as st
 from attnconf.conformance.boundaries import BOUNDARIES
 from attnconf.conformance.branch_cases import BRANCH_FAMILIES, branch_grid, where
 from attnconf.conformance.harness import ConformanceFailure, clauses, for_cases, judge, lse_need, run
@@ -28,7 +26,6 @@ from attnconf.conformance.scope_fit import fit
 from attnconf.conformance.tolerance import judge_gradients, judge_lse, judge_output
 
 BOUNDARY_INDEX = {b.id: i for i, b in enumerate(BOUNDARIES)}
-EVERY_DTYPE_FROM = 100        # max_examples of the thorough profile: there, every grid case in every dtype
 FAMILY_CLAUSE = {"plain": None, "gqa": "ATTN-GQA-1", "window": "ATTN-WIN-1", "alibi": "ATTN-ALIBI-1",
                  "sinks": "ATTN-SINK-1", "gradients": None, "causal": "ATTN-CAUSAL-1",
                  "causal_gradients": "ATTN-CAUSAL-1"}
@@ -52,7 +49,7 @@ def _runs_here(impl, case) -> bool:
     mod their count, so every boundary still meets every dtype (through its families) and every family every
     dtype (through the boundaries). An implementation that compiles every new shape (example_budget < 1)
     runs each boundary in one family, the families in turn (one compiled program per boundary, not six)."""
-    if hsettings.default.max_examples >= EVERY_DTYPE_FROM:
+    if palette.wide():
         return True
     mine = [d for d in st.DTYPES if d in impl.dtypes]
     b, f, _ = _place(case.dtype).get(case.seed, (0, 0, ""))

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
 
 if importlib.util.find_spec("torch") is not None:
     from attnconf import adapters
-    from attnconf.conformance import test_branch_points as sweep
+    from attnconf.conformance import palette, test_branch_points as sweep
     from attnconf.conformance.boundaries import BY_ID
     from attnconf.conformance.branch_cases import BRANCH_FAMILIES, branch_case
     from attnconf.conformance.strategies import DTYPES
@@ -118,7 +118,7 @@ def cell_dtype(name: str, dtypes: tuple[str, ...], monkeypatch) -> tuple[str, st
     """(boundary, dtype): the bug's first boundary whose grid case the ci sweep runs in a dtype that shows the
     defect, and that dtype (test_branch_points._runs_here's rotation, whatever profile this process has)."""
     bug = branch_bugs.BUGS[name]
-    monkeypatch.setattr(sweep, "EVERY_DTYPE_FROM", 10**9)
+    monkeypatch.setattr(palette, "WIDE_FROM", 10**9)
     stub = type("Stub", (), {"dtypes": dtypes})()
     for bid in bug.boundaries:
         for d in DTYPES:

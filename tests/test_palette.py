@@ -44,7 +44,11 @@ def test_palette_keeps_odd_and_block_boundary_sizes():
 
 def test_compile_per_shape_declaration_turns_the_palette_on(monkeypatch):
     monkeypatch.delenv(palette.ENV, raising=False)
+    monkeypatch.setattr(palette, "WIDE_FROM", 10**9)          # as under the dev and ci profiles
     assert _scope()["palette"] and not _scope(1.0)["palette"]
+    monkeypatch.setattr(palette, "WIDE_FROM", 1)              # a wide search (thorough): no palette
+    assert not _scope()["palette"]
+    monkeypatch.setattr(palette, "WIDE_FROM", 10**9)
     monkeypatch.setenv(palette.ENV, "1")
     assert _scope(1.0)["palette"]
     monkeypatch.setenv(palette.ENV, "0")
