@@ -211,11 +211,9 @@ def ort_f16_logit_overflow_rows(case: Case) -> np.ndarray | bool:
     return rows if rows.any() else False
 
 
-def ref_f16_overflow_rows(case: Case, visible: np.ndarray) -> np.ndarray:
-    """(B, Hq, Lq): rows where onnx's reference evaluator meets +inf + (-inf) = NaN in float16, for the
-    given visibility: it computes (Q * sqrt(s)) @ (K * sqrt(s))^T in float16 with NumPy, exactly as
-    reproduced here, and adds a -inf bias at hidden positions afterwards; its guard zeroes rows that
-    see no key."""
+def ref_f16_logits(case: Case) -> np.ndarray:
+    """(B, Hq, Lq, Lk) the logits onnx's reference evaluator forms in float16, before its bias: (Q * sqrt(s))
+    @ (K * sqrt(s))^T with NumPy in float16, exactly as it does (+-inf beyond 65504), then the softcap."""
     from attnconf.reference import expand_kv  # noqa: PLC0415
 
     s = case.shape
@@ -228,7 +226,14 @@ def ref_f16_overflow_rows(case: Case, visible: np.ndarray) -> np.ndarray:
         if case.softcap is not None:
             c = np.float32(case.softcap)
             logit = np.tanh(logit / c) * c
-    return (np.isposinf(logit) & ~visible).any(axis=-1) & visible.any(axis=-1)
+    return logit
+
+
+def ref_f16_overflow_rows(case: Case, visible: np.ndarray) -> np.ndarray:
+    """(B, Hq, Lq): rows where onnx's reference evaluator meets +inf + (-inf) = NaN in float16, for the
+    given visibility: a hidden key whose float16 logit (ref_f16_logits) is +inf gets the -inf bias
+    afterwards; its guard zeroes rows that see no key."""
+    return (np.isposinf(ref_f16_logits(case)) & ~visible).any(axis=-1) & visible.any(axis=-1)
 
 
 @region
@@ -241,6 +246,26 @@ def ref_f16_hidden_logit_overflow(case: Case) -> np.ndarray | bool:
     if _ref_other_entries(case):
         return False
     rows = ref_f16_overflow_rows(case, oracle(case).visible)
+    return rows if rows.any() else False
+
+
+@region
+def ref_f16_logit_overflow_rows(case: Case) -> np.ndarray | bool:
+    """float16 rows that see a key where onnx's reference evaluator's float16 logit plus bias (ref_f16_logits,
+    the sum in float16) is +inf at a visible key (the row comes out NaN), or -inf at every visible key (its
+    softmax zeroes a row whose largest logit is -inf). Rows of ref_f16_hidden_logit_overflow, and cases the
+    causal-frontier entries cover, are theirs."""
+    if getattr(case, "dtype", None) != "float16" or not hasattr(case, "q") or case.q.ndim != 4:
+        return False
+    if _ref_other_entries(case):
+        return False
+    f = oracle(case)
+    logit = ref_f16_logits(case)
+    bias = 0.0 if case.bias is None else np.where(f.visible, np.broadcast_to(case.bias, f.visible.shape), 0.0)
+    with np.errstate(all="ignore"):
+        scores = np.where(f.visible, logit + np.asarray(bias).astype(logit.dtype), -np.inf)
+    rows = (np.isposinf(scores).any(axis=-1) | np.isneginf(scores).all(axis=-1)) & f.visible.any(axis=-1)
+    rows &= ~ref_f16_overflow_rows(case, f.visible)
     return rows if rows.any() else False
 
 
@@ -297,16 +322,16 @@ def float64_scale_or_softcap_attribute(case: Case) -> bool:
 @region
 def ref_half_precision_rows(case: Case) -> np.ndarray | bool:
     """Every row of a float16 or bfloat16 case, except rows and cases other reference-evaluator entries
-    cover (hidden-logit overflow rows; negative scale; causal frontier from the mask)."""
+    cover (hidden-logit and visible-logit overflow rows; negative scale; causal frontier from the mask)."""
     if getattr(case, "dtype", None) not in ("float16", "bfloat16") or not hasattr(case, "q") or case.q.ndim != 4:
         return False
     if _ref_other_entries(case):
         return False
     s = case.shape
     rows = np.ones((s["B"], s["Hq"], s["Lq"]), dtype=bool)
-    over = ref_f16_hidden_logit_overflow(case)
-    if not isinstance(over, bool):
-        rows &= ~over
+    for other in (ref_f16_hidden_logit_overflow(case), ref_f16_logit_overflow_rows(case)):
+        if not isinstance(other, bool):
+            rows &= ~other
     return rows
 
 

@@ -438,3 +438,20 @@ def test_mha_causal_sentinel_absorbs_only_logits_below_its_spacing(impls, k1, k2
         assert not survivors.any() and np.isnan(got).all()
     else:
         assert np.array_equal(got, weights) and np.array_equal(survivors, np.array(weights) > 0)
+
+
+def test_reference_evaluator_float16_overflow_rows_are_declared():
+    """onnx's reference evaluator forms its logits in float16 too: on the Dk = 192, scale-1 case of
+    test_float16_logit_overflow_region_is_the_nan_rows its NaN rows are exactly those of its visible-
+    and hidden-overflow regions, and a row whose visible logits are all -inf comes out 0 (the witness)."""
+    rng = np.random.default_rng(7)
+    q, k, v = 45 * rng.normal(size=(1, 2, 9, 192)), 45 * rng.normal(size=(1, 2, 17, 192)), rng.normal(size=(1, 2, 17, 128))
+    case = Case.build(q, k, v, scale=1.0, kv_lengths=np.array([15]), dtype="float16")
+    impl = ReferenceEvaluatorAdapter()
+    rows = regions_onnx.ref_f16_logit_overflow_rows(case) | regions_onnx.ref_f16_hidden_logit_overflow(case)
+    out = impl.run(case).out
+    assert rows.any() and np.array_equal(np.isnan(out).all(axis=-1), rows) and not np.isnan(out[~rows]).any()
+    w = WITNESSES["onnx_f16_visible_logit_overflow"]()
+    assert regions_onnx.ref_f16_logit_overflow_rows(w).tolist() == [[[True, True, False]]]
+    out = impl.run(w).out[0, 0]
+    assert np.isnan(out[0]).all() and (out[1] == 0).all() and np.isfinite(out[2]).all()
