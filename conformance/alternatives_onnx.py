@@ -23,11 +23,18 @@ def _default_scale(entry, case, res, masks) -> Verdict:
     return _judge_against(case.replace(scale=None), case, res, masks)
 
 
+def contrib_scale_case(case: Case) -> Case:
+    """The case with the scale the contrib operators apply: the default 1/sqrt(Dk) where the case gives 0
+    (ONNX-ORT-CONTRIB-ZERO-SCALE-DEFAULT), so that their other entries' alternatives compose with that one."""
+    return case.replace(scale=None) if getattr(case, "scale", None) == 0 else case
+
+
 # ---- MultiHeadAttention: the last row skipped by the causal loop ---------------------------------
 
 def causal_lifted_case(case: Case) -> Case:
-    """The case without its causal mask: what MultiHeadAttention computes on the rows it forgets to mask."""
-    return case.replace(causal=None)
+    """The case without its causal mask, at MultiHeadAttention's scale (contrib_scale_case): what it computes
+    on the rows it forgets to mask."""
+    return contrib_scale_case(case).replace(causal=None)
 
 
 @alternative("causal_lifted_last_row", FORWARD)
@@ -184,7 +191,7 @@ def mha_sentinel_survivors(case: Case, keys: np.ndarray) -> np.ndarray:
     there has no survivor and is NaN (measured)."""
     f32 = np.float32
     with np.errstate(all="ignore"):
-        logit = f32(case.effective_scale) * np.einsum("bhid,bhjd->bhij", case.q.astype(f32),
+        logit = f32(contrib_scale_case(case).effective_scale) * np.einsum("bhid,bhjd->bhij", case.q.astype(f32),
                                                       expand_kv(case.k, case.shape["Hq"]).astype(f32))
         score = np.where(keys, np.finfo(f32).min + logit, -np.inf)
     top = score.max(axis=-1, keepdims=True)

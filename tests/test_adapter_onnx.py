@@ -455,3 +455,15 @@ def test_reference_evaluator_float16_overflow_rows_are_declared():
     assert regions_onnx.ref_f16_logit_overflow_rows(w).tolist() == [[[True, True, False]]]
     out = impl.run(w).out[0, 0]
     assert np.isnan(out[0]).all() and (out[1] == 0).all() and np.isfinite(out[2]).all()
+
+
+@needs_ort
+def test_mha_last_row_takes_the_default_scale_for_scale_zero(impls):
+    """MultiHeadAttention's unmasked last row (ONNX-ORT-MHA-CAUSAL-LAST-ROW) and its scale 0 read as the
+    default (ONNX-ORT-CONTRIB-ZERO-SCALE-DEFAULT) compose: the row is the causal-lifted reference at scale
+    1/sqrt(Dk), not at scale 0 (ci: Dk = 576, scale 0, error 3.57 against the scale-0 model)."""
+    case = WITNESSES["onnx_causal_cross_more_keys"]().replace(scale=0.0)
+    got = impls["onnx:ort-mha"].run(case).out[0, 0, -1]
+    lifted = oracle(alternatives_onnx.causal_lifted_case(case)).out[0, 0, -1]
+    assert np.abs(got - lifted).max() < 1e-6
+    assert np.abs(got - oracle(case.replace(causal=None)).out[0, 0, -1]).max() > 1e-2
