@@ -421,7 +421,7 @@ def test_float16_padded_keys_outweigh_visible_logits_below_the_sentinel(impls):
 def test_mha_causal_sentinel_absorbs_only_logits_below_its_spacing(impls, k1, k2, weights):
     """MultiHeadAttention gives the keys behind its causal frontier lowest() + the scaled logit in float32,
     whose spacing there is 2^104 ~ 2.0e31: row 0 (key 0 masked, keys 1 and 2 causal-only) averages V over
-    the keys at the highest score. Logits 1.6e31 / 2 stay apart, 4e30 / 2 are absorbed (equal weight);
+    the keys at the highest score. A logit of 1.6e31 stays apart, 4e30 is absorbed (equal weight);
     -1.6e31 on both sends both scores to -inf and the row is NaN. ci found the first (Dk = 576, 1e30 at
     masked positions: error 1.08e30 against the equal-weight model)."""
     q = np.zeros((1, 1, 3, 8))
