@@ -23,11 +23,18 @@ def _default_scale(entry, case, res, masks) -> Verdict:
     return _judge_against(case.replace(scale=None), case, res, masks)
 
 
+def contrib_scale_case(case: Case) -> Case:
+    """The case with the scale the contrib operators apply: the default 1/sqrt(Dk) where the case gives 0
+    (ONNX-ORT-CONTRIB-ZERO-SCALE-DEFAULT), so that their other entries' alternatives compose with that one."""
+    return case.replace(scale=None) if getattr(case, "scale", None) == 0 else case
+
+
 # ---- MultiHeadAttention: the last row skipped by the causal loop ---------------------------------
 
 def causal_lifted_case(case: Case) -> Case:
-    """The case without its causal mask: what MultiHeadAttention computes on the rows it forgets to mask."""
-    return case.replace(causal=None)
+    """The case without its causal mask, at MultiHeadAttention's scale (contrib_scale_case): what it computes
+    on the rows it forgets to mask."""
+    return contrib_scale_case(case).replace(causal=None)
 
 
 @alternative("causal_lifted_last_row", FORWARD)
@@ -174,10 +181,29 @@ def _evaluator_half_precision(entry, case, res, masks) -> Verdict:
 
 # ---- MultiHeadAttention: rows emptied where the causal sentinel is finite ---------------------------
 
+def mha_sentinel_survivors(case: Case, keys: np.ndarray) -> np.ndarray:
+    """(B, Hq, Lq, Lk) the keys among `keys` (hidden by MultiHeadAttention's causal frontier alone) that
+    take the weight of a row that sees no key: its kernel adds the scaled logit to the sentinel lowest()
+    in float32 (the mask preloaded into the GEMM's C with beta = 1), and lowest()'s spacing is 2^104, so
+    a logit below about 1e31 is absorbed (every such key scores lowest(): equal weight) while a larger one
+    moves its key by a spacing or more, and the row's softmax then weighs only the keys at the row's
+    highest score. A logit below about -1e31 sends its score past lowest() to -inf; a row whose keys all go
+    there has no survivor and is NaN (measured)."""
+    f32 = np.float32
+    with np.errstate(all="ignore"):
+        logit = f32(contrib_scale_case(case).effective_scale) * np.einsum("bhid,bhjd->bhij", case.q.astype(f32),
+                                                      expand_kv(case.k, case.shape["Hq"]).astype(f32))
+        score = np.where(keys, np.finfo(f32).min + logit, -np.inf)
+    top = score.max(axis=-1, keepdims=True)
+    return keys & (score == top) & np.isfinite(top)
+
+
 @alternative("mean_of_causal_hidden_values", FORWARD)
 def _mean_of_causal_hidden_values(entry, case, res, masks) -> Verdict:
     """Each covered row is the mean of V over the keys hidden by MultiHeadAttention's causal frontier alone
-    (_mha_causal_only_keys: its finite sentinel, assigned over key padding, absorbs the logits, so those keys get equal weight)."""
+    (_mha_causal_only_keys: its finite sentinel, assigned over key padding, absorbs the logits, so those keys
+    get equal weight), or over those of them whose logits are too large to be absorbed and score highest
+    (mha_sentinel_survivors)."""
     from attnconf.conformance.regions_onnx import _mha_causal_only_keys  # noqa: PLC0415
     from attnconf.reference.emulate import _rounder, seq_matmul  # noqa: PLC0415
 
@@ -186,6 +212,12 @@ def _mean_of_causal_hidden_values(entry, case, res, masks) -> Verdict:
     rows = masks["out"].any(axis=-1)
     keys = _mha_causal_only_keys(case)
     keys = np.zeros(oracle(case).visible.shape, bool) if keys is None else keys & rows[..., None]
+    keys = mha_sentinel_survivors(case, keys)
+    nan_rows = masks["out"] & ~keys.any(axis=-1, keepdims=True)
+    verdict = _exact("out", np.asarray(res.out), nan_rows, np.isnan, "NaN")
+    if not verdict.ok or not (masks["out"] & ~nan_rows).any():
+        return verdict
+    masks = dict(masks, out=masks["out"] & ~nan_rows)
     w = np.where(keys, 1.0 / np.maximum(keys.sum(axis=-1, keepdims=True), 1), 0.0)
     v = expand_kv(case.v, case.shape["Hq"])
     expected = np.einsum("bhij,bhjd->bhid", w, v)
@@ -200,19 +232,18 @@ def _mean_of_causal_hidden_values(entry, case, res, masks) -> Verdict:
 # ---- onnxruntime's float16 Attention: the additive sentinel -----------------------------------------
 
 def ort_f16_sentinel_expected(case: Case) -> dict[str, np.ndarray]:
-    """What onnxruntime's float16 Attention computes when it masks by addition: at a position hidden by the
-    mask, a -inf bias, the causal frontier or the window the logit is float16(float32(s q.k) - 65504)
-    (+inf when that overflows, which turns the row NaN); a key past nonpad_kv_seqlen gets -65504 itself;
-    visible logits are the reference's. Softmax in float64 over every key of the row."""
-    from attnconf.conformance.regions_onnx import _hidden_added, _ort_f16_masked_logits  # noqa: PLC0415
+    """What onnxruntime's float16 Attention computes when it masks by addition: the softmax, in float64, of
+    the float16 scores it holds (regions_onnx._ort_f16_scores): at a position hidden by the mask, a -inf
+    bias, the causal frontier or the window float16(float32(s q.k) - 65504) (+inf when that overflows,
+    which turns the row NaN); at a key past nonpad_kv_seqlen -65504 itself; at a visible key the logit
+    rounded to float16 (-inf below -65504, so that masked keys can outweigh it)."""
+    from attnconf.conformance.regions_onnx import _ort_f16_scores  # noqa: PLC0415
 
     f = oracle(case)
-    e = _ort_f16_masked_logits(case)
-    if e is None:
+    lg = _ort_f16_scores(case)
+    if lg is None:
         return {"out": f.out, "lse": f.lse}
-    added = _hidden_added(case)
     with np.errstate(all="ignore"):
-        lg = np.where(f.visible, f.logits, np.where(added, e, -65504.0))
         m = lg.max(axis=-1, keepdims=True)
         p = np.exp(lg - m)
         den = p.sum(axis=-1, keepdims=True)

@@ -156,28 +156,64 @@ def _float_mask_minus_inf(case: Case) -> np.ndarray:
     return np.broadcast_to(np.isneginf(np.asarray(m, np.float64)), full) & ~own
 
 
-@region
-def ort_f16_masked_logit_survives_sentinel(case: Case) -> np.ndarray | bool:
-    """float16 rows where a key that onnxruntime's Attention hides by adding -65504 keeps a logit within 40
-    of the row's largest visible logit, or above it (the masked key takes weight), or so large that
-    logit - 65504 still rounds to +inf (the row becomes NaN). Needs scaled logits beyond ~65000."""
+def _ort_f16_scores(case: Case) -> np.ndarray | None:
+    """(B, Hq, Lq, Lk) the float16 scores onnxruntime's float16 Attention holds before its softmax (which
+    runs in float32 on them, core/providers/cpu/llm/attention_softmax.h): at a visible key the scaled logit
+    in float32 plus the float attn_mask's bias, rounded once to float16 (+-inf beyond +-65504); at a key
+    hidden by addition _ort_f16_masked_logits; at a key past nonpad_kv_seqlen the sentinel -65504 itself.
+    None where _ort_f16_masked_logits is."""
     e = _ort_f16_masked_logits(case)
     if e is None:
+        return None
+    key = ("ort_f16_scores",)
+    if key not in case._cache:
+        from attnconf.reference import expand_kv  # noqa: PLC0415
+
+        s = case.shape
+        f = oracle(case)
+        bias = np.zeros(f.visible.shape) if case.bias is None else np.broadcast_to(case.bias, f.visible.shape)
+        with np.errstate(all="ignore"):
+            logit = np.float32(case.effective_scale) * np.einsum(
+                "bhid,bhjd->bhij", case.q.astype(np.float32), expand_kv(case.k, s["Hq"]).astype(np.float32))
+            seen = (logit + np.where(f.visible, bias, 0.0).astype(np.float32)).astype(np.float16).astype(np.float64)
+        case._cache[key] = np.where(f.visible, seen, np.where(_hidden_added(case), e, F16_LOWEST))
+    return case._cache[key]
+
+
+@region
+def ort_f16_masked_logit_survives_sentinel(case: Case) -> np.ndarray | bool:
+    """float16 rows where a key that onnxruntime's Attention hides (by adding -65504, or past nonpad_kv_seqlen
+    by holding -65504) keeps a score within 40 of the row's largest visible float16 score, or above it (the
+    masked key takes weight), or so large that logit - 65504 still rounds to +inf (the row becomes NaN).
+    Needs scaled logits beyond ~65000: a hidden one that large, or visible ones all near or below -65504."""
+    sc = _ort_f16_scores(case)
+    if sc is None:
         return False
     f = oracle(case)
-    hidden = _hidden_added(case)
-    top = np.where(f.visible, f.logits, -np.inf).max(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore"):
-        rows = (hidden & ((e > top - 40.0) | np.isposinf(e))).any(axis=-1)
+        top = np.where(f.visible, sc, -np.inf).max(axis=-1, keepdims=True)
+        rows = (~f.visible & ((sc > top - 40.0) | np.isposinf(sc))).any(axis=-1)
     rows &= f.visible.any(axis=-1)      # a row that sees no key still comes out 0 (measured)
     return rows if rows.any() else False
 
 
-def ref_f16_overflow_rows(case: Case, visible: np.ndarray) -> np.ndarray:
-    """(B, Hq, Lq): rows where onnx's reference evaluator meets +inf + (-inf) = NaN in float16, for the
-    given visibility: it computes (Q * sqrt(s)) @ (K * sqrt(s))^T in float16 with NumPy, exactly as
-    reproduced here, and adds a -inf bias at hidden positions afterwards; its guard zeroes rows that
-    see no key."""
+@region
+def ort_f16_logit_overflow_rows(case: Case) -> np.ndarray | bool:
+    """float16 rows that see a key where onnxruntime's Attention holds +inf at a visible key (its scaled,
+    biased logit rounds past 65504 to float16), or -inf at every key (visible ones below -65504 and no
+    hidden key holding a finite sentinel): its softmax makes such a row NaN (_ort_f16_scores)."""
+    sc = _ort_f16_scores(case)
+    if sc is None:
+        return False
+    f = oracle(case)
+    rows = (np.isposinf(sc) & f.visible).any(axis=-1) | np.isneginf(sc).all(axis=-1)
+    rows &= f.visible.any(axis=-1)
+    return rows if rows.any() else False
+
+
+def ref_f16_logits(case: Case) -> np.ndarray:
+    """(B, Hq, Lq, Lk) the logits onnx's reference evaluator forms in float16, before its bias: (Q * sqrt(s))
+    @ (K * sqrt(s))^T with NumPy in float16, exactly as it does (+-inf beyond 65504), then the softcap."""
     from attnconf.reference import expand_kv  # noqa: PLC0415
 
     s = case.shape
@@ -190,7 +226,14 @@ def ref_f16_overflow_rows(case: Case, visible: np.ndarray) -> np.ndarray:
         if case.softcap is not None:
             c = np.float32(case.softcap)
             logit = np.tanh(logit / c) * c
-    return (np.isposinf(logit) & ~visible).any(axis=-1) & visible.any(axis=-1)
+    return logit
+
+
+def ref_f16_overflow_rows(case: Case, visible: np.ndarray) -> np.ndarray:
+    """(B, Hq, Lq): rows where onnx's reference evaluator meets +inf + (-inf) = NaN in float16, for the
+    given visibility: a hidden key whose float16 logit (ref_f16_logits) is +inf gets the -inf bias
+    afterwards; its guard zeroes rows that see no key."""
+    return (np.isposinf(ref_f16_logits(case)) & ~visible).any(axis=-1) & visible.any(axis=-1)
 
 
 @region
@@ -203,6 +246,26 @@ def ref_f16_hidden_logit_overflow(case: Case) -> np.ndarray | bool:
     if _ref_other_entries(case):
         return False
     rows = ref_f16_overflow_rows(case, oracle(case).visible)
+    return rows if rows.any() else False
+
+
+@region
+def ref_f16_logit_overflow_rows(case: Case) -> np.ndarray | bool:
+    """float16 rows that see a key where onnx's reference evaluator's float16 logit plus bias (ref_f16_logits,
+    the sum in float16) is +inf at a visible key (the row comes out NaN), or -inf at every visible key (its
+    softmax zeroes a row whose largest logit is -inf). Rows of ref_f16_hidden_logit_overflow, and cases the
+    causal-frontier entries cover, are theirs."""
+    if getattr(case, "dtype", None) != "float16" or not hasattr(case, "q") or case.q.ndim != 4:
+        return False
+    if _ref_other_entries(case):
+        return False
+    f = oracle(case)
+    logit = ref_f16_logits(case)
+    bias = 0.0 if case.bias is None else np.where(f.visible, np.broadcast_to(case.bias, f.visible.shape), 0.0)
+    with np.errstate(all="ignore"):
+        scores = np.where(f.visible, logit + np.asarray(bias).astype(logit.dtype), -np.inf)
+    rows = (np.isposinf(scores).any(axis=-1) | np.isneginf(scores).all(axis=-1)) & f.visible.any(axis=-1)
+    rows &= ~ref_f16_overflow_rows(case, f.visible)
     return rows if rows.any() else False
 
 
@@ -259,16 +322,16 @@ def float64_scale_or_softcap_attribute(case: Case) -> bool:
 @region
 def ref_half_precision_rows(case: Case) -> np.ndarray | bool:
     """Every row of a float16 or bfloat16 case, except rows and cases other reference-evaluator entries
-    cover (hidden-logit overflow rows; negative scale; causal frontier from the mask)."""
+    cover (hidden-logit and visible-logit overflow rows; negative scale; causal frontier from the mask)."""
     if getattr(case, "dtype", None) not in ("float16", "bfloat16") or not hasattr(case, "q") or case.q.ndim != 4:
         return False
     if _ref_other_entries(case):
         return False
     s = case.shape
     rows = np.ones((s["B"], s["Hq"], s["Lq"]), dtype=bool)
-    over = ref_f16_hidden_logit_overflow(case)
-    if not isinstance(over, bool):
-        rows &= ~over
+    for other in (ref_f16_hidden_logit_overflow(case), ref_f16_logit_overflow_rows(case)):
+        if not isinstance(other, bool):
+            rows &= ~other
     return rows
 
 

@@ -111,3 +111,18 @@ def onnx_f16_softcap_beyond_range() -> Case:
     """float16 with softcap 1e6 (beyond float16's 65504), ordinary logits: the cap changes nothing."""
     q, k, v = _qkv(31, h=2)
     return Case.build(q, k, v, softcap=1e6, dtype="float16")
+
+
+@witness
+def onnx_f16_visible_logit_overflow() -> Case:
+    """float16, scale 1, three keys: query 0 has q.k = 70000 with every key and query 1 has -70000 (integers,
+    exact in float32), both beyond float16's range; query 2 has ordinary logits. Nothing is masked."""
+    rng = np.random.default_rng(32)
+    q = np.zeros((1, 1, 3, 8))
+    q[0, 0, 0, :4] = [256.0, 1.0, 1.0, 1.0]
+    q[0, 0, 1, :4] = [-256.0, -1.0, -1.0, -1.0]
+    q[0, 0, 2, 4:] = rng.normal(size=4)
+    k = np.zeros((1, 1, 3, 8))
+    k[0, 0, :, :4] = [255.0, 2048.0, 2048.0, 624.0]      # 256 * 255 + 2048 + 2048 + 624 = 70000
+    k[0, 0, :, 4:] = rng.normal(size=(3, 4))
+    return Case.build(q, k, rng.normal(size=(1, 1, 3, 8)), scale=1.0, dtype="float16")

@@ -383,3 +383,87 @@ def test_float16_sentinel_model_tells_a_float_mask_from_the_causal_frontier(impl
     assert np.abs(got - expected).max() < 5e-3, (got[:, :3], expected[:, :3])
     leak = np.broadcast_to(case.v[0, 0, huge], expected.shape)
     assert np.allclose(expected, leak, atol=5e-3) == (huge == 4)
+
+
+@needs_ort
+def test_float16_logit_overflow_region_is_the_nan_rows(impls):
+    """onnxruntime's float16 Attention holds its scores in float16: exactly the rows whose largest visible
+    scaled logit rounds to +inf there come out NaN (ort_f16_logit_overflow_rows), the others are finite.
+    Dk = 192 and scale 1 with q, k ~ N(0, 45^2), as the ci case that found it (visible logits to 1e5)."""
+    rng = np.random.default_rng(7)
+    q, k, v = 45 * rng.normal(size=(1, 2, 9, 192)), 45 * rng.normal(size=(1, 2, 17, 192)), rng.normal(size=(1, 2, 17, 128))
+    case = Case.build(q, k, v, scale=1.0, kv_lengths=np.array([15]), dtype="float16")
+    rows = regions_onnx.ort_f16_logit_overflow_rows(case)
+    assert not isinstance(rows, bool) and 0 < rows.sum() < rows.size
+    out = impls["onnx:ort-attention"].run(case).out
+    assert np.array_equal(np.isnan(out).all(axis=-1), rows) and not np.isnan(out[~rows]).any()
+
+
+@needs_ort
+def test_float16_padded_keys_outweigh_visible_logits_below_the_sentinel(impls):
+    """Keys past nonpad_kv_seqlen hold -65504, and a visible logit of -70000 is -inf in float16: the padded
+    key takes the row (measured: it outputs V[2]). The sentinel region covers the row and its model predicts it."""
+    q = np.zeros((1, 1, 1, 8))
+    q[0, 0, 0, :4] = [256.0, 1.0, 1.0, 1.0]
+    k = np.zeros((1, 1, 3, 8))
+    k[0, 0, :2, :4] = [-255.0, -2048.0, -2048.0, -624.0]     # q.k = -70000 with keys 0 and 1
+    case = Case.build(q, k, np.eye(3, 8)[None, None], scale=1.0, kv_lengths=np.array([2]), dtype="float16")
+    assert regions_onnx.ort_f16_masked_logit_survives_sentinel(case).tolist() == [[[True]]]
+    assert regions_onnx.ort_f16_logit_overflow_rows(case) is False
+    got = impls["onnx:ort-attention"].run(case).out[0, 0, 0]
+    expected = alternatives_onnx.ort_f16_sentinel_expected(case)["out"][0, 0, 0]
+    assert np.array_equal(got, expected) and expected[2] == 1.0
+
+
+@needs_ort
+@pytest.mark.parametrize("k1,k2,weights", [(4e30, 0.5, [0, 1, 0]), (1e30, 0.5, [0, 0.5, 0.5]),
+                                           (-4e30, 0.5, [0, 0, 1]), (-4e30, -4e30, None)])
+def test_mha_causal_sentinel_absorbs_only_logits_below_its_spacing(impls, k1, k2, weights):
+    """MultiHeadAttention gives the keys behind its causal frontier lowest() + the scaled logit in float32,
+    whose spacing there is 2^104 ~ 2.0e31: row 0 (key 0 masked, keys 1 and 2 causal-only) averages V over
+    the keys at the highest score. A logit of 1.6e31 stays apart, 4e30 is absorbed (equal weight);
+    -1.6e31 on both sends both scores to -inf and the row is NaN. ci found the first (Dk = 576, 1e30 at
+    masked positions: error 1.08e30 against the equal-weight model)."""
+    q = np.zeros((1, 1, 3, 8))
+    q[0, 0, :, :2] = [4.0, 1.0]
+    k = np.zeros((1, 1, 3, 8))
+    k[0, 0, :, 1] = [0.3, 0.2, 0.1]
+    k[0, 0, 1:, 0] = [k1, k2]
+    mask = np.ones((1, 1, 3, 3), bool)
+    mask[0, 0, 0, 0] = False
+    case = Case.build(q, k, np.eye(3, 8)[None, None], mask=mask, causal="top_left", scale=1.0, dtype="float32")
+    survivors = alternatives_onnx.mha_sentinel_survivors(case, regions_onnx._mha_causal_only_keys(case))[0, 0, 0]
+    got = impls["onnx:ort-mha"].run(case).out[0, 0, 0, :3]
+    if weights is None:
+        assert not survivors.any() and np.isnan(got).all()
+    else:
+        assert np.array_equal(got, weights) and np.array_equal(survivors, np.array(weights) > 0)
+
+
+def test_reference_evaluator_float16_overflow_rows_are_declared():
+    """onnx's reference evaluator forms its logits in float16 too: on the Dk = 192, scale-1 case of
+    test_float16_logit_overflow_region_is_the_nan_rows its NaN rows are exactly those of its visible-
+    and hidden-overflow regions, and a row whose visible logits are all -inf comes out 0 (the witness)."""
+    rng = np.random.default_rng(7)
+    q, k, v = 45 * rng.normal(size=(1, 2, 9, 192)), 45 * rng.normal(size=(1, 2, 17, 192)), rng.normal(size=(1, 2, 17, 128))
+    case = Case.build(q, k, v, scale=1.0, kv_lengths=np.array([15]), dtype="float16")
+    impl = ReferenceEvaluatorAdapter()
+    rows = regions_onnx.ref_f16_logit_overflow_rows(case) | regions_onnx.ref_f16_hidden_logit_overflow(case)
+    out = impl.run(case).out
+    assert rows.any() and np.array_equal(np.isnan(out).all(axis=-1), rows) and not np.isnan(out[~rows]).any()
+    w = WITNESSES["onnx_f16_visible_logit_overflow"]()
+    assert regions_onnx.ref_f16_logit_overflow_rows(w).tolist() == [[[True, True, False]]]
+    out = impl.run(w).out[0, 0]
+    assert np.isnan(out[0]).all() and (out[1] == 0).all() and np.isfinite(out[2]).all()
+
+
+@needs_ort
+def test_mha_last_row_takes_the_default_scale_for_scale_zero(impls):
+    """MultiHeadAttention's unmasked last row (ONNX-ORT-MHA-CAUSAL-LAST-ROW) and its scale 0 read as the
+    default (ONNX-ORT-CONTRIB-ZERO-SCALE-DEFAULT) compose: the row is the causal-lifted reference at scale
+    1/sqrt(Dk), not at scale 0 (ci: Dk = 576, scale 0, error 3.57 against the scale-0 model)."""
+    case = WITNESSES["onnx_causal_cross_more_keys"]().replace(scale=0.0)
+    got = impls["onnx:ort-mha"].run(case).out[0, 0, -1]
+    lifted = oracle(alternatives_onnx.causal_lifted_case(case)).out[0, 0, -1]
+    assert np.abs(got - lifted).max() < 1e-6
+    assert np.abs(got - oracle(case.replace(causal=None)).out[0, 0, -1]).max() > 1e-2
