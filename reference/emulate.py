@@ -11,11 +11,12 @@ The spec fixes what is computed, not the order of operations, and correct
 kernels differ exactly there (measured: torch's CPU MATH path applies
 sqrt(scale) to Q and K, its CPU flash path scales the logits, flash-style
 kernels normalise after P V). So the baseline is an envelope over the orders
-the spec leaves open: where the scale is applied (Q, logits, or sqrt(scale) on
-both Q and K) times how rows are normalised (divide the weights, multiply by
-the reciprocal of the sum, or divide the output after P V) times the order in
-which dot products are summed (ascending, descending, or BLAS-blocked). The
-baseline error of an element is the largest error any of these 36 naive
+the spec leaves open: where the scale is applied (Q, logits, sqrt(scale) on
+both Q and K, or fused into the float32 accumulator before the one rounding)
+times how rows are normalised (divide the weights, multiply by the reciprocal
+of the sum, or divide the output after P V) times the order in which dot
+products are summed (ascending, descending, BLAS-blocked, or tiled). The
+baseline error of an element is the largest error any of these 48 naive
 variants makes: a fair yardstick must not depend on an order the spec leaves
 open, and one sample of rounding error is too noisy to be one.
 """
@@ -32,7 +33,10 @@ import numpy as np
 from .attention import alibi_bias, expand_kv, oracle
 from .case import Case, numpy_dtype
 
-SCALINGS = ("q", "logits", "sqrt")
+# "fused": the scale (and a bias) applied to the float32 accumulator and the logit rounded to t once, as a
+# GEMM epilogue (cuBLAS alpha/beta, torch.baddbmm) or tinygrad's float32 logits cast to t do; in float32 it is
+# the "logits" variant exactly (every step is already a float32 rounding) and reuses its numbers.
+SCALINGS = ("q", "logits", "sqrt", "fused")
 NORMALISATIONS = ("divide", "reciprocal", "late")
 ACCUMULATIONS = ("ascending", "descending", "blas", "tiled")
 LOG2E = np.float32(1.4426950408889634)
@@ -125,7 +129,9 @@ def naive_softmax_parts(case: Case, scaling: str, acc: str, dtype: str):
     """(p, l, m) in float32: unnormalised exp(s - m) of the visible logits, its row sum, the row max.
 
     The logits are formed with the scale applied to Q, to the logits, or as sqrt(scale) on Q and K,
-    accumulated in `acc` order and rounded to `dtype`, as a naive implementation does. The variants
+    accumulated in `acc` order and rounded to `dtype`, as a naive implementation does; or "fused": the
+    scale, and a bias where there is no softcap or ALiBi to come first, applied to the float32
+    accumulator before the one rounding to `dtype` (the correctly rounded logit, near enough). The variants
     of SPEC section 12.5 follow, each elementwise operation rounded to `dtype` as eager code at that
     dtype rounds it:
 
@@ -142,11 +148,17 @@ def naive_softmax_parts(case: Case, scaling: str, acc: str, dtype: str):
     key = ("softmax_parts", dtype, scaling, acc)
     if key in case._cache:
         return case._cache[key]
+    if scaling == "fused" and dtype in ("float32", "float64"):
+        case._cache[key] = naive_softmax_parts(case, "logits", acc, dtype)
+        if ("softcap_tanh", dtype, "logits", acc) in case._cache:
+            case._cache[("softcap_tanh", dtype, scaling, acc)] = case._cache[("softcap_tanh", dtype, "logits", acc)]
+        return case._cache[key]
     r = _rounder(dtype)
     f32 = np.float32
     hq = case.shape["Hq"]
     vis = oracle(case).visible
     sc = f32(case.effective_scale)
+    fused_bias = scaling == "fused" and case.bias is not None and case.softcap is None and case.alibi_slopes is None
     with np.errstate(all="ignore"):
         q = case.q.astype(f32)
         k = expand_kv(case.k, hq).astype(f32)
@@ -154,6 +166,11 @@ def naive_softmax_parts(case: Case, scaling: str, acc: str, dtype: str):
             s = r(_logit_product(case, dtype, scaling, acc, lambda: (r(q * sc), np.swapaxes(k, -1, -2))))
         elif scaling == "logits":
             s = r(r(_logit_product(case, dtype, scaling, acc, lambda: (q, np.swapaxes(k, -1, -2)))) * sc)
+        elif scaling == "fused":
+            s = _logit_product(case, dtype, "logits", acc, lambda: (q, np.swapaxes(k, -1, -2))) * sc
+            if fused_bias:
+                s = s + np.broadcast_to(case.bias, s.shape).astype(f32)
+            s = r(s)
         else:
             root = f32(np.sqrt(case.effective_scale))
             s = r(_logit_product(case, dtype, scaling, acc, lambda: (r(q * root), np.swapaxes(r(k * root), -1, -2))))
@@ -165,7 +182,7 @@ def naive_softmax_parts(case: Case, scaling: str, acc: str, dtype: str):
         if case.alibi_slopes is not None:
             ali = alibi_bias(s.shape, case.alibi_slopes, case.window_align, case.q_lengths, case.kv_lengths)
             s = r(s + r(ali.astype(f32)))
-        if case.bias is not None:
+        if case.bias is not None and not fused_bias:
             s = r(s + np.broadcast_to(case.bias, s.shape).astype(f32))
         s = np.where(vis, s, -np.inf).astype(f32)
         m = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(s.shape[:-1] + (1,), -np.inf, f32)
@@ -304,7 +321,7 @@ class _SharedResults:
     """Results of a pure function of a case's content, kept across Case objects (least recently used
     dropped past `limit_bytes`). The pinned cases are the same in every run, and a run meets some cases
     again (the same problem built anew by another test): a process that runs many kernels (the catalogue's
-    in-process runs, bench/runner.py) emulates their 36 naive variants once, not once per kernel. (The
+    in-process runs, bench/runner.py) emulates their 48 naive variants once, not once per kernel. (The
     Hypothesis draws are seeded per implementation, so two kernels' drawn examples mostly differ.)"""
 
     def __init__(self, limit_bytes: int) -> None:
@@ -373,7 +390,7 @@ def half_accumulation_weights(case: Case, order: str = "ascending", scaling: str
         s = half_matmul(q, np.swapaxes(k, -1, -2), case.dtype, order)
         if scaling == "logits":
             s = (s * scale).astype(f32)
-        if case.bias is not None:
+        if case.bias is not None and not fused_bias:
             s = r(s + np.broadcast_to(case.bias, s.shape).astype(f32))
         s = np.where(vis, s, -np.inf).astype(f32)
         m = s.max(axis=-1, keepdims=True, initial=-np.inf)
