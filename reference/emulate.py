@@ -390,7 +390,7 @@ def half_accumulation_weights(case: Case, order: str = "ascending", scaling: str
         s = half_matmul(q, np.swapaxes(k, -1, -2), case.dtype, order)
         if scaling == "logits":
             s = (s * scale).astype(f32)
-        if case.bias is not None and not fused_bias:
+        if case.bias is not None:
             s = r(s + np.broadcast_to(case.bias, s.shape).astype(f32))
         s = np.where(vis, s, -np.inf).astype(f32)
         m = s.max(axis=-1, keepdims=True, initial=-np.inf)
