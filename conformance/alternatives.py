@@ -155,7 +155,7 @@ def _mean_rows(mask_out: np.ndarray) -> np.ndarray:
     return mask_out.any(axis=-1)
 
 
-@alternative("mean_of_values", ("out", "lse"))
+@alternative("mean_of_values", ("out", "lse"), numeric=True)
 def _mean_of_values(entry, case, res, masks) -> Verdict:
     if hasattr(case, "num_heads"):
         return _layer_mean_of_values(case, res, masks)
