@@ -73,33 +73,30 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_strategies_draw_only_palette_shapes_on_a_compile_per_shape_implementation(monkeypatch, family):
-    monkeypatch.delenv(palette.ENV, raising=False)
+def _drawn_shapes(strategy, budget: float = COMPILES_PER_SHAPE) -> list[dict]:
+    """The shapes 40 derandomized draws of `strategy` give inside a cell of an implementation whose
+    example_budget is `budget` (default: a compile-per-shape one)."""
     seen = []
 
     @settings(max_examples=40, derandomize=True, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     @given(hst.data())
     def draw(data):
-        with S.cell(None, _scope()):
-            seen.append(data.draw(FAMILIES[family]).shape)
+        with S.cell(None, _scope(budget)):
+            seen.append(data.draw(strategy).shape)
 
     draw()
+    return seen
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_strategies_draw_only_palette_shapes_on_a_compile_per_shape_implementation(monkeypatch, family):
+    monkeypatch.delenv(palette.ENV, raising=False)
+    seen = _drawn_shapes(FAMILIES[family])
     assert seen and all(palette.contains(s) for s in seen), [s for s in seen if not palette.contains(s)][:3]
 
 
 def test_free_draws_leave_the_palette_on_other_implementations(monkeypatch):
     """The check above can fail: the same strategy, eager, draws shapes outside the palette."""
     monkeypatch.delenv(palette.ENV, raising=False)
-    seen = []
-
-    @settings(max_examples=40, derandomize=True, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(hst.data())
-    def draw(data):
-        with S.cell(None, _scope(1.0)):
-            seen.append(data.draw(S.cases()).shape)
-
-    draw()
-    assert not all(palette.contains(s) for s in seen)
+    assert not all(palette.contains(s) for s in _drawn_shapes(S.cases(), 1.0))
