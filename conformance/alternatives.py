@@ -429,14 +429,21 @@ def _judge_gradients_with(entry, case, res, masks, allowance: dict[str, np.ndarr
     return Verdict(True)
 
 
-@alternative("half_accumulation", ("out",), numeric=True, takes_bound=True)
+@alternative("half_accumulation", ("out", "layer"), numeric=True, takes_bound=True)
 def _half_accumulation(entry, case, res, masks) -> Verdict:
     """`bound` x c_max x the error of a naive implementation whose dot products accumulate in the case's
     own half type (rounded after every addition; the largest over the summation orders and scalings of
-    half_accumulation_error), plus the floor."""
+    half_accumulation_error), plus the floor. For a layer, its projections accumulate in the half type too
+    (reference.layer.layer_half_accumulation_error)."""
     from attnconf.reference import baseline_error
     from attnconf.reference.emulate import half_accumulation_error
 
+    if hasattr(case, "num_heads"):
+        from attnconf.reference.layer import layer_baseline_error, layer_half_accumulation_error
+
+        with np.errstate(invalid="ignore"):
+            base = np.maximum(layer_half_accumulation_error(case), layer_baseline_error(case))
+        return _judged(T.judge_layer(res.out, case, mask=masks.get("out"), base_err=base, factor=_bound(entry)))
     ref = oracle(case).out
     with np.errstate(invalid="ignore"):
         base = np.maximum(half_accumulation_error(case), baseline_error(case)[0])

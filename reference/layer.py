@@ -228,6 +228,50 @@ def naive_mha(lc: LayerCase, dtype: str | None = None,
     return out
 
 
+def naive_mha_half_accumulation(lc: LayerCase, order: str = "ascending", scaling: str = "q") -> np.ndarray:
+    """The layer as a naive implementation computes it whose every dot product accumulates in the case's
+    half type: the projections by `emulate.half_matmul` in `order`, each rounded to the dtype after the
+    bias, and the attention by `emulate.naive_forward_half_accumulation` (same order, `scaling`). Not a
+    yardstick of the spec: it states what a divergence's "accumulates in half precision" means for a layer."""
+    from .emulate import half_matmul, naive_forward_half_accumulation
+
+    key = ("naive_mha_half_accumulation", lc.dtype, order, scaling)
+    if key in lc._cache:
+        return lc._cache[key]
+    r = _rounder(lc.dtype)
+    f32 = np.float32
+
+    def project(x, w, b):
+        y = half_matmul(x.astype(f32), w.astype(f32), lc.dtype, order)
+        return r(y if b is None else y + b.astype(f32)).astype(np.float64)
+
+    h = lc.num_heads
+    with np.errstate(all="ignore"):
+        q = _split(project(lc.x_q, lc.w_q, lc.b_q), h)
+        k = _split(project(lc.x_k, lc.w_k, lc.b_k), h)
+        v = _split(project(lc.x_v, lc.w_v, lc.b_v), h)
+        case = Case.build(q, k, v, mask=_head_mask(lc), causal=lc.causal, dtype=lc.dtype)
+        out = project(_merge(naive_forward_half_accumulation(case, order, scaling)), lc.w_o, lc.b_o)
+    lc._cache[key] = out
+    return out
+
+
+def layer_half_accumulation_error(lc: LayerCase) -> np.ndarray:
+    """Elementwise max over the half-accumulating orders and scalings (emulate.HALF_ACCUMULATION_ORDERS,
+    HALF_ACCUMULATION_SCALINGS) of |naive_mha_half_accumulation - mha|, as `emulate.half_accumulation_error`
+    is for attention alone."""
+    from .emulate import HALF_ACCUMULATION_ORDERS, HALF_ACCUMULATION_SCALINGS
+
+    ref = mha(lc)
+    err = np.zeros(ref.shape)
+    with np.errstate(invalid="ignore"):
+        for order in HALF_ACCUMULATION_ORDERS:
+            for scaling in HALF_ACCUMULATION_SCALINGS:
+                e = np.abs(naive_mha_half_accumulation(lc, order, scaling) - ref)
+                err = np.maximum(err, np.nan_to_num(e, nan=0.0, posinf=0.0))
+    return err
+
+
 def layer_baseline_error(lc: LayerCase) -> np.ndarray:
     """Elementwise max over the naive variants (reference.emulate.VARIANTS) of |naive_mha - mha|,
     the same envelope over orders the spec leaves open as for attention alone."""
