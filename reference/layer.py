@@ -195,6 +195,25 @@ def mha(lc: LayerCase, attend=None) -> np.ndarray:
     return cached
 
 
+def _naive_layer(lc: LayerCase, dtype: str, matmul, attend) -> np.ndarray:
+    """The layer as a naive implementation at `dtype` computes it: each projection `matmul(x, W)` of
+    float32 arrays, plus the bias, rounded to dtype; `attend(case)` on the rounded per-head Q, K, V."""
+    r = _rounder(dtype)
+    f32 = np.float32
+
+    def project(x, w, b):
+        y = matmul(x.astype(f32), w.astype(f32))
+        return r(y if b is None else y + b.astype(f32)).astype(np.float64)
+
+    h = lc.num_heads
+    with np.errstate(all="ignore"):
+        q = _split(project(lc.x_q, lc.w_q, lc.b_q), h)
+        k = _split(project(lc.x_k, lc.w_k, lc.b_k), h)
+        v = _split(project(lc.x_v, lc.w_v, lc.b_v), h)
+        case = Case.build(q, k, v, mask=_head_mask(lc), causal=lc.causal, dtype=dtype)
+        return project(_merge(attend(case)), lc.w_o, lc.b_o)
+
+
 def naive_mha(lc: LayerCase, dtype: str | None = None,
               variant: tuple[str, str, str] = ("q", "divide", "blas")) -> np.ndarray:
     """The layer at `dtype` (default: the case's) as one naive variant computes it, float64.
@@ -207,25 +226,10 @@ def naive_mha(lc: LayerCase, dtype: str | None = None,
     if dtype == "float64":
         raise ValueError("there is no emulated baseline for float64; use the analytic bound")
     key = ("naive_mha", dtype, variant)
-    if key in lc._cache:
-        return lc._cache[key]
-    r = _rounder(dtype)
-    f32 = np.float32
-
-    def project(x, w, b):
-        y = seq_matmul(x.astype(f32), w.astype(f32), variant[2])
-        return r(y if b is None else y + b.astype(f32)).astype(np.float64)
-
-    h = lc.num_heads
-    with np.errstate(all="ignore"):
-        q = _split(project(lc.x_q, lc.w_q, lc.b_q), h)
-        k = _split(project(lc.x_k, lc.w_k, lc.b_k), h)
-        v = _split(project(lc.x_v, lc.w_v, lc.b_v), h)
-        case = Case.build(q, k, v, mask=_head_mask(lc), causal=lc.causal, dtype=dtype)
-        o, _ = naive_forward(case, variant)
-        out = project(_merge(o), lc.w_o, lc.b_o)
-    lc._cache[key] = out
-    return out
+    if key not in lc._cache:
+        lc._cache[key] = _naive_layer(lc, dtype, lambda a, b: seq_matmul(a, b, variant[2]),
+                                      lambda case: naive_forward(case, variant)[0])
+    return lc._cache[key]
 
 
 def naive_mha_half_accumulation(lc: LayerCase, order: str = "ascending", scaling: str = "q") -> np.ndarray:
@@ -236,40 +240,18 @@ def naive_mha_half_accumulation(lc: LayerCase, order: str = "ascending", scaling
     from .emulate import half_matmul, naive_forward_half_accumulation
 
     key = ("naive_mha_half_accumulation", lc.dtype, order, scaling)
-    if key in lc._cache:
-        return lc._cache[key]
-    r = _rounder(lc.dtype)
-    f32 = np.float32
-
-    def project(x, w, b):
-        y = half_matmul(x.astype(f32), w.astype(f32), lc.dtype, order)
-        return r(y if b is None else y + b.astype(f32)).astype(np.float64)
-
-    h = lc.num_heads
-    with np.errstate(all="ignore"):
-        q = _split(project(lc.x_q, lc.w_q, lc.b_q), h)
-        k = _split(project(lc.x_k, lc.w_k, lc.b_k), h)
-        v = _split(project(lc.x_v, lc.w_v, lc.b_v), h)
-        case = Case.build(q, k, v, mask=_head_mask(lc), causal=lc.causal, dtype=lc.dtype)
-        out = project(_merge(naive_forward_half_accumulation(case, order, scaling)), lc.w_o, lc.b_o)
-    lc._cache[key] = out
-    return out
+    if key not in lc._cache:
+        lc._cache[key] = _naive_layer(lc, lc.dtype, lambda a, b: half_matmul(a, b, lc.dtype, order),
+                                      lambda case: naive_forward_half_accumulation(case, order, scaling))
+    return lc._cache[key]
 
 
 def layer_half_accumulation_error(lc: LayerCase) -> np.ndarray:
-    """Elementwise max over the half-accumulating orders and scalings (emulate.HALF_ACCUMULATION_ORDERS,
-    HALF_ACCUMULATION_SCALINGS) of |naive_mha_half_accumulation - mha|, as `emulate.half_accumulation_error`
-    is for attention alone."""
-    from .emulate import HALF_ACCUMULATION_ORDERS, HALF_ACCUMULATION_SCALINGS
+    """emulate.half_accumulation_error for a layer: the envelope over the half-accumulating orders and
+    scalings of |naive_mha_half_accumulation - mha|."""
+    from .emulate import half_accumulation_envelope
 
-    ref = mha(lc)
-    err = np.zeros(ref.shape)
-    with np.errstate(invalid="ignore"):
-        for order in HALF_ACCUMULATION_ORDERS:
-            for scaling in HALF_ACCUMULATION_SCALINGS:
-                e = np.abs(naive_mha_half_accumulation(lc, order, scaling) - ref)
-                err = np.maximum(err, np.nan_to_num(e, nan=0.0, posinf=0.0))
-    return err
+    return half_accumulation_envelope(mha(lc), lambda o, s: naive_mha_half_accumulation(lc, o, s))
 
 
 def layer_baseline_error(lc: LayerCase) -> np.ndarray:
