@@ -19,41 +19,8 @@ from attnconf.reference import Case
 if TYPE_CHECKING:
     from attnconf.reference.layer import LayerCase
 
-# The vocabulary of capabilities. An adapter lists the ones it has.
-CAPABILITIES = frozenset({
-    "mask",            # boolean mask
-    "bias",            # additive float bias, -inf included
-    "causal_top_left",
-    "causal_bottom_right",
-    "q_lengths",
-    "kv_lengths",
-    "gqa",
-    "custom_scale",
-    "dv_ne_dk",
-    "cross",           # Lq != Lk
-    "mask_with_causal",
-    "lse",             # returns the log-sum-exp
-    "weights",         # returns the attention weights
-    "grads",           # returns dq, dk, dv
-    "dbias",           # returns dbias
-    "dropout",
-    "noncontiguous",
-    "broadcast_kv",
-    "window_top_left",     # sliding window (ATTN-WIN-*), aligned top-left
-    "window_bottom_right",  # sliding window aligned bottom-right (flash-attention's)
-    "softcap",         # logit soft-capping (ATTN-CAP-*)
-    "alibi",           # ALiBi slopes (ATTN-ALIBI-*), distances from the bottom-right diagonal (flash-attention's)
-    "alibi_top_left",  # ALiBi with distances from the top-left diagonal (window_align="top_left")
-    "sinks",           # per-head attention-sink logits (ATTN-SINK-*)
-    "chunk_bottom_right",  # chunked local attention (ATTN-CHUNK-*), chunks of key positions from key 0,
-    "chunk_top_left",      # the query placed by the bottom-right (flash-attention 3's) or top-left diagonal
-    # Convention-level features (adapters/conventions): how the problem reaches the kernel.
-    "varlen",          # packed variable-length batch: cu_seqlens (ATTN-VARLEN-*)
-    "paged",           # paged KV cache: block_table into physical blocks (ATTN-PAGED-1, -2)
-    "kvcache_append",  # new k/v written into the cache in place and attended to (ATTN-PAGED-3)
-    "sparse_indices",  # keys chosen by top-k index lists, -1 = invalid (ATTN-SPARSE-*, flashmla_sparse)
-    "latent",          # MLA's absorbed form: V is a prefix of the key's latent row (ATTN-MLA-1, flashmla_*)
-})
+from attnconf.spec.vocabulary import CAPABILITIES  # noqa: E402  (re-exported: adapters name it here)
+
 # What a declared scope says besides features (adapters/scope.py); `scope()` uses the same words.
 SCOPE_KEYS = ("dtypes", "grads", "dropout", "features", "head_dims", "max_seqlen", "deterministic",
               "quantization", "accuracy")    # the last two: an approximate kernel's contract (adapters/accuracy_contract.py)

@@ -17,10 +17,9 @@ from typing import Any
 
 import numpy as np
 
-DTYPES = ("float64", "float32", "float16", "bfloat16")
-CAUSAL = (None, "top_left", "bottom_right")
-ALIGNMENTS = ("top_left", "bottom_right")
-LAYOUTS = ("contiguous", "noncontiguous", "broadcast_kv")
+from attnconf.spec.vocabulary import ALIGNMENTS, DTYPES, LAYOUTS
+
+CAUSAL = (None, *ALIGNMENTS)
 _ARRAYS = ("q", "k", "v", "mask", "bias", "q_lengths", "kv_lengths", "grad_out", "alibi_slopes", "sinks")
 
 
