@@ -58,7 +58,7 @@ test-install: setup
 test-suites: setup
 	$(PY) -m pytest conformance --backend=numpy --hypothesis-profile=ci -q -p no:cacheprovider \
 	    --report=.attnconf-ci/numpy.json
-	$(PY) -m attnconf.conformance.entries_check --witnesses --out .attnconf-ci
+	$(PY) -m attnconf.conformance.engine.entries_check --witnesses --out .attnconf-ci
 
 # test_verdicts first: its hanging-kernel run (the whole suite under --isolate, 1 to 3 min) then overlaps the catalogue on the other worker
 test-catalogue: setup

@@ -1,6 +1,6 @@
 """The accuracy contract a kernel may declare in its scope (`quantization` or `accuracy`), parsed and
 validated where every other declaration is (adapters/scope.py), so that declaring one never reaches
-into the engine; conformance/alternatives_contracts.py judges a kernel by it."""
+into the engine; conformance/engine/alternatives_contracts.py judges a kernel by it."""
 from __future__ import annotations
 
 from typing import Any

@@ -14,10 +14,10 @@ Declared beside the scope (adapters/scope.py), in the same dict or TOML file:
     causal = false
     seqlen_multiple = {q = 128}
 
-A behaviour becomes a divergence entry owned by the kernel (conformance/declared.py): checked in
+A behaviour becomes a divergence entry owned by the kernel (conformance/engine/declared.py): checked in
 its region, the rest of each case judged as usual. A limit makes the cases outside it unsupported,
 with a refusal that names the limit; generation fits cases into the limits (`fit_lengths`,
-conformance/scope_fit.py). Data and arithmetic only: it imports nothing of the suite but the dtype names.
+conformance/engine/scope_fit.py). Data and arithmetic only: it imports nothing of the suite but the dtype names.
 """
 from __future__ import annotations
 

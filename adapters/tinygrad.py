@@ -243,7 +243,7 @@ class SdpaAdapter(Adapter):
     # of the 151 s in pytest inside to_program) and budget 0.01 drew 501 in the same time (157 s in one
     # process; 110 s with -n 2 against 115 s), so a smaller budget buys nothing. Per dtype in one process:
     # float64 46 s, float32 49 s, float16 44 s, tests without a dtype 10 s; -n 2 schedules whole dtypes
-    # (conformance/plugin.py), so its best split is about 90 s of test time plus start-up.
+    # (conformance/engine/plugin.py), so its best split is about 90 s of test time plus start-up.
     # Cut before reducing examples: kernels compile in-process (PARALLEL=0, see _compile_options:
     # 15 % less CPU), BEAM search stays off, tinygrad's disk cache (CACHELEVEL 2) is kept.
     example_budget = 0.3

@@ -63,7 +63,7 @@ def hypothesis_plugins() -> list[str]:
 def suite_command(pytest_args: Sequence[str], target: str | None = None) -> list[str]:
     """`python -m pytest` on the shipped suite (or one node of it) with attnconf's own configuration."""
     folder = suite_dir()
-    plugins = ["attnconf.conformance.plugin", *hypothesis_plugins()]
+    plugins = ["attnconf.conformance.engine.plugin", *hypothesis_plugins()]
     return [sys.executable, "-m", "pytest", target or str(folder), "-c", str(suite_ini()), "--rootdir", str(folder),
             "-p", "no:cacheprovider", *(a for p in plugins for a in ("-p", p)), *pytest_args]
 

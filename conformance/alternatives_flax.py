@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.adapters.prescaled import rounded_sqrt
-from attnconf.conformance.alternatives import ALTERNATIVES, FORWARD, GRADIENTS, Verdict, _exact, _judge_against, alternative
+from attnconf.conformance.engine.alternatives import ALTERNATIVES, FORWARD, GRADIENTS, Verdict, _exact, _judge_against, alternative
 from attnconf.reference import Case, round_to
 
 

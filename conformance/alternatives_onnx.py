@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnconf.conformance import tolerance as T
-from attnconf.conformance.alternatives import FORWARD, Verdict, _exact, _judge_against, _judged, alternative
+from attnconf.conformance.engine import tolerance as T
+from attnconf.conformance.engine.alternatives import FORWARD, Verdict, _exact, _judge_against, _judged, alternative
 from attnconf.reference import Case, expand_kv, numpy_dtype, oracle
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from attnconf.reference import Case
 from attnconf.reference.backward import backward, reduce_to_shape
 
-from .regions_tinygrad import nan_rows
+from attnconf.conformance.regions_tinygrad import nan_rows
 
 
 def nan_rows_poison_gradients(case: Case) -> dict[str, np.ndarray]:
@@ -63,7 +63,7 @@ def single_key_weight_one(case: Case) -> dict[str, np.ndarray]:
     from attnconf.reference import expand_kv, oracle  # noqa: PLC0415
     from attnconf.reference.backward import group_sum  # noqa: PLC0415
 
-    from .regions_tinygrad import single_key_empty_rows  # noqa: PLC0415
+    from attnconf.conformance.regions_tinygrad import single_key_empty_rows  # noqa: PLC0415
 
     rows = np.asarray(single_key_empty_rows(case), dtype=bool)
     s = case.shape

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnconf.conformance import tolerance as T
-from attnconf.conformance.alternatives import FORWARD, GRADIENTS, Verdict, _exact, _judged, alternative
+from attnconf.conformance.engine import tolerance as T
+from attnconf.conformance.engine.alternatives import FORWARD, GRADIENTS, Verdict, _exact, _judged, alternative
 from attnconf.reference import Case, expand_kv, oracle, visibility
 from attnconf.reference.backward import group_sum, reduce_to_shape
 from attnconf.reference.case import round_to

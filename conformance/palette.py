@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 from hypothesis import strategies as st
 
-from .boundaries import BOUNDARIES, Boundary
+from attnconf.conformance.boundaries import BOUNDARIES, Boundary
 
 ENV = "ATTNCONF_PALETTE"
 DIMS = ("B", "Hq", "Hkv", "Lq", "Lk", "Dk", "Dv")

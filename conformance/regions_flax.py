@@ -16,7 +16,7 @@ import numpy as np
 
 from attnconf.reference import Case, expand_kv, visibility
 
-from .regions import region
+from attnconf.conformance.engine.regions import region
 
 FLOAT16_MAX = 65504.0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.adapters.onnx_graphs import Inexpressible, attention_call, mha_call
-from attnconf.conformance.regions import case_region, region
+from attnconf.conformance.engine.regions import case_region, region
 from attnconf.reference import Case, oracle
 
 

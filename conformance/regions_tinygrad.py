@@ -17,7 +17,7 @@ import numpy as np
 
 from attnconf.reference import Case, oracle
 
-from .regions import region
+from attnconf.conformance.engine.regions import region
 
 # float16's largest finite value is 65504; round-to-nearest sends everything from 65520 up to inf.
 F16_OVERFLOW = 65520.0

@@ -1,13 +1,13 @@
 """Regions of the transformers backend (spec/divergences/transformers.toml).
 
-Row regions return a (B, Hq, Lq) bool array of covered query rows, as conformance/regions.py describes.
+Row regions return a (B, Hq, Lq) bool array of covered query rows, as conformance/engine/regions.py describes.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from attnconf.conformance.alternatives_transformers import _scaled_logits
-from attnconf.conformance.regions import case_region, region
+from attnconf.conformance.engine.regions import case_region, region
 from attnconf.reference import Case, oracle, visibility
 
 

@@ -1057,7 +1057,7 @@ def alibi_as_bias(case: Case) -> Case:
 # ---- calling-convention strategies (varlen, paged KV cache, lse, argument probes) ----
 # Appended by the conventions helper. Cases in the vocabulary modern kernels share: bottom-right
 # causal, sliding windows, softcap, ALiBi, GQA, per-sequence lengths, and `packing` choices.
-# Tests fit them to the implementation's scope with conformance/scope_fit.py.
+# Tests fit them to the implementation's scope with conformance/engine/scope_fit.py.
 
 CONV_HEAD_DIMS = (8, 16, 4, 32, 64, 1, 3, 40, 128)
 WINDOW_BOUNDS = (-1, 0, 1, 2, 3, 7, 16)

@@ -9,8 +9,8 @@ PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not ba
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, for_cases, judge, run
-from attnconf.conformance.tolerance import judge_lse, judge_output
+from attnconf.conformance.engine.harness import clauses, expect, for_cases, judge, run
+from attnconf.conformance.engine.tolerance import judge_lse, judge_output
 
 PINNED = st.pinned(st.AGREEMENT_PINS)
 

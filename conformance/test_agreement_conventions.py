@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, for_cases, judge, run
-from attnconf.conformance.scope_fit import fit
-from attnconf.conformance.tolerance import judge_gradients, judge_output
+from attnconf.conformance.engine.harness import clauses, for_cases, judge, run
+from attnconf.conformance.engine.scope_fit import fit
+from attnconf.conformance.engine.tolerance import judge_gradients, judge_output
 
 PINNED = st.pinned(st.CONVENTION_PINS)      # explicit examples first: see strategies.CONVENTION_PINS
 

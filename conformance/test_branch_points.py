@@ -21,9 +21,9 @@ import functools
 from attnconf.conformance import palette, strategies as st
 from attnconf.conformance.boundaries import BOUNDARIES
 from attnconf.conformance.branch_cases import BRANCH_FAMILIES, branch_grid, where
-from attnconf.conformance.harness import ConformanceFailure, clauses, for_cases, judge, lse_need, run
-from attnconf.conformance.scope_fit import fit
-from attnconf.conformance.tolerance import judge_gradients, judge_lse, judge_output
+from attnconf.conformance.engine.harness import ConformanceFailure, clauses, for_cases, judge, lse_need, run
+from attnconf.conformance.engine.scope_fit import fit
+from attnconf.conformance.engine.tolerance import judge_gradients, judge_lse, judge_output
 
 LSE_CLAUSE = {"alibi": "ATTN-ALIBI-2", "sinks": "ATTN-SINK-2"}     # the family's lse clause; else the judgement's own
 BOUNDARY_INDEX = {b.id: i for i, b in enumerate(BOUNDARIES)}

@@ -23,8 +23,8 @@ import numpy as np
 
 from attnconf.adapters import Adapter
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_close, for_cases, observe, run
-from attnconf.conformance.nan_aware import max_abs
+from attnconf.conformance.engine.harness import clauses, expect, expect_close, for_cases, observe, run
+from attnconf.conformance.engine.nan_aware import max_abs
 from attnconf.reference import Case, causal_visible, oracle
 
 KEY = "forward_bitwise_deterministic"       # the ATTN-OP-7 observation

@@ -10,8 +10,8 @@ PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not ba
 from __future__ import annotations
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect_close, for_cases, judge, lse_need, run
-from attnconf.conformance.tolerance import judge_lse
+from attnconf.conformance.engine.harness import clauses, expect_close, for_cases, judge, lse_need, run
+from attnconf.conformance.engine.tolerance import judge_lse
 
 NEEDS = ("chunk_top_left|chunk_bottom_right",)
 

@@ -2,7 +2,7 @@
 
 A kernel that declares a quantization scheme or an accuracy class (or whose convention holds it to a
 default scheme: sageattn) has its outputs judged by that contract in `harness.run`, on every call of
-every test (conformance/alternatives_contracts.py): this test gives the contract its own cells, on
+every test (conformance/engine/alternatives_contracts.py): this test gives the contract its own cells, on
 ordinary cases of every shape the kernel declares. For an exact kernel it is one more agreement test.
 A NaN or inf where the contract's reference is finite fails, whatever the declared accuracy.
 
@@ -11,7 +11,7 @@ PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not ba
 from __future__ import annotations
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect_close, for_cases, lse_need, run
+from attnconf.conformance.engine.harness import clauses, expect_close, for_cases, lse_need, run
 
 
 @clauses("ATTN-QUANT-1", "ATTN-QUANT-2", "ATTN-QUANT-3")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect_raises, for_cases, observe, run
-from attnconf.conformance.scope_fit import declared_lengths
+from attnconf.conformance.engine.harness import clauses, expect_raises, for_cases, observe, run
+from attnconf.conformance.engine.scope_fit import declared_lengths
 
 
 @clauses("ATTN-OP-2", "ATTN-OP-5")

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect_close, for_cases, judge, lse_need, run
-from attnconf.conformance.scope_fit import fit
-from attnconf.conformance.tolerance import judge_lse
+from attnconf.conformance.engine.harness import clauses, expect_close, for_cases, judge, lse_need, run
+from attnconf.conformance.engine.scope_fit import fit
+from attnconf.conformance.engine.tolerance import judge_lse
 from attnconf.reference import Case
 
 

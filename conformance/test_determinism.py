@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, for_cases, observe, run
-from attnconf.conformance.nan_aware import max_gap
+from attnconf.conformance.engine.harness import clauses, expect, for_cases, observe, run
+from attnconf.conformance.engine.nan_aware import max_gap
 
 RERUNS = 4
 DROPOUT_P = 0.25

@@ -7,7 +7,7 @@ certificate:
 - "diverges as declared": the entry holds;
 - "stale": the witness now conforms to the spec. Shown everywhere, never a failure of the
   implementation (it got better); `make test` fails on it where the entry's conditions hold
-  (attnconf.conformance.entries_check), so entries stay honest;
+  (attnconf.conformance.engine.entries_check), so entries stay honest;
 - "inactive here": the entry's conditions (`when`) exclude this machine; what the witness does is
   recorded, nothing is judged;
 - a witness that matches neither the spec nor the declared behaviour fails the test: the
@@ -20,11 +20,11 @@ import pytest
 
 from attnconf.adapters import KernelError, Result
 from attnconf.adapters.base import NotSupported
-from attnconf.conformance import alternatives
-from attnconf.conformance.divergences import Applied
-from attnconf.conformance.harness import KernelAborted, call_kernel, clauses, expect, lse_need, observe
-from attnconf.conformance.regions import rows_of, touches
-from attnconf.conformance.witnesses import WITNESSES
+from attnconf.conformance.engine import alternatives
+from attnconf.conformance.engine.divergences import Applied
+from attnconf.conformance.engine.harness import KernelAborted, call_kernel, clauses, expect, lse_need, observe
+from attnconf.conformance.engine.regions import rows_of, touches
+from attnconf.conformance.engine.witnesses import WITNESSES
 
 DIVERGES, STALE, OTHER, UNRUNNABLE = "diverges as declared", "stale: the witness conforms", "other", "not runnable here"
 

@@ -39,8 +39,8 @@ import numpy as np
 
 from attnconf import spec
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_close, expect_equivalent, first, for_cases, judge, run
-from attnconf.conformance.tolerance import judge_gradients, ulp
+from attnconf.conformance.engine.harness import clauses, expect, expect_close, expect_equivalent, first, for_cases, judge, run
+from attnconf.conformance.engine.tolerance import judge_gradients, ulp
 from attnconf.reference import oracle
 from attnconf.reference.backward import group_sum
 

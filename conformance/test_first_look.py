@@ -16,9 +16,9 @@ PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not ba
 from __future__ import annotations
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, first, for_cases, judge, lse_need, run
-from attnconf.conformance.scope_fit import fit
-from attnconf.conformance.tolerance import judge_lse, judge_output
+from attnconf.conformance.engine.harness import clauses, expect, first, for_cases, judge, lse_need, run
+from attnconf.conformance.engine.scope_fit import fit
+from attnconf.conformance.engine.tolerance import judge_lse, judge_output
 
 PINS = st.AGREEMENT_PINS + st.CONVENTION_PINS
 FIRST_LOOK = [c for d in st.DTYPES for c in st.pinned(PINS, d)]

@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import strategies as hst
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, for_cases, judge, run_layer
-from attnconf.conformance.tolerance import judge_layer
+from attnconf.conformance.engine.harness import clauses, for_cases, judge, run_layer
+from attnconf.conformance.engine.tolerance import judge_layer
 from attnconf.reference.layer import random_layer_case
 
 

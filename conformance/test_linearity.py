@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.nan_aware import gap, max_abs, max_gap
-from attnconf.conformance.harness import clauses, expect, expect_close, for_cases, run
+from attnconf.conformance.engine.nan_aware import gap, max_abs, max_gap
+from attnconf.conformance.engine.harness import clauses, expect, expect_close, for_cases, run
 from attnconf.reference import expand_kv, oracle
-from attnconf.conformance.tolerance import ulp
+from attnconf.conformance.engine.tolerance import ulp
 
 EPS64 = np.finfo(np.float64).eps
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -24, "bfloat16": 2.0 ** -24}

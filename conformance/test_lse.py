@@ -18,8 +18,8 @@ import numpy as np
 from hypothesis import strategies as hst
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, for_cases, judge, run
-from attnconf.conformance.tolerance import judge_lse, judge_output
+from attnconf.conformance.engine.harness import clauses, expect, for_cases, judge, run
+from attnconf.conformance.engine.tolerance import judge_lse, judge_output
 from attnconf.reference import Case, merge_partials, oracle
 
 

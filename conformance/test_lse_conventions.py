@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_close, for_cases, judge, run
-from attnconf.conformance.nan_aware import max_gap
-from attnconf.conformance.scope_fit import fit
-from attnconf.conformance.tolerance import judge_lse, judge_output
+from attnconf.conformance.engine.harness import clauses, expect, expect_close, for_cases, judge, run
+from attnconf.conformance.engine.nan_aware import max_gap
+from attnconf.conformance.engine.scope_fit import fit
+from attnconf.conformance.engine.tolerance import judge_lse, judge_output
 from attnconf.reference import Case, oracle
 
 PINNED_EMPTY = [st.fixed_case(51, B=2, Hq=2, Lq=9, Lk=4, Dk=16, causal="bottom_right"),

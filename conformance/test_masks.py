@@ -23,9 +23,9 @@ import numpy as np
 from hypothesis import strategies as hst
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import (clauses, expect, expect_agree, expect_close, expect_equivalent, for_cases,
+from attnconf.conformance.engine.harness import (clauses, expect, expect_agree, expect_close, expect_equivalent, for_cases,
                                             lse_need, observe, run)
-from attnconf.conformance.scope_fit import declared_lengths
+from attnconf.conformance.engine.scope_fit import declared_lengths
 from attnconf.reference import Case, oracle, visibility
 
 

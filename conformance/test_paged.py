@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.nan_aware import max_gap
-from attnconf.conformance.harness import clauses, expect, expect_close, expect_equivalent, for_cases, run
-from attnconf.conformance.scope_fit import fit
+from attnconf.conformance.engine.nan_aware import max_gap
+from attnconf.conformance.engine.harness import clauses, expect, expect_close, expect_equivalent, for_cases, run
+from attnconf.conformance.engine.scope_fit import fit
 from attnconf.reference import Case
 
 

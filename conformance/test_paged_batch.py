@@ -15,8 +15,8 @@ import hypothesis.strategies as hst
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect_close, for_cases, run
-from attnconf.conformance.scope_fit import fit
+from attnconf.conformance.engine.harness import clauses, expect_close, for_cases, run
+from attnconf.conformance.engine.scope_fit import fit
 from attnconf.reference import Case
 
 NEED = {"paged"}

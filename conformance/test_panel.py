@@ -12,8 +12,8 @@ import base64
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import ConformanceFailure, clauses, record_panel, run
-from attnconf.conformance.tolerance import judge_output
+from attnconf.conformance.engine.harness import ConformanceFailure, clauses, record_panel, run
+from attnconf.conformance.engine.tolerance import judge_output
 
 PANEL = {
     "P01 float32 plain": dict(seed=101, B=2, Hq=2, Lq=9, Lk=13, Dk=16),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect_close, for_cases, run
+from attnconf.conformance.engine.harness import clauses, expect_close, for_cases, run
 from attnconf.reference import Case
 
 PINNED_Q = [

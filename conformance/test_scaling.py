@@ -21,8 +21,8 @@ from hypothesis import strategies as hst
 
 from attnconf import spec
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_close, expect_equivalent, for_cases, run
-from attnconf.conformance.tolerance import judge_output
+from attnconf.conformance.engine.harness import clauses, expect, expect_close, expect_equivalent, for_cases, run
+from attnconf.conformance.engine.tolerance import judge_output
 from attnconf.reference import Case, expand_kv, oracle
 
 

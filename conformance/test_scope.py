@@ -14,8 +14,8 @@ import numpy as np
 
 from attnconf.adapters.base import NotSupported
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_close, first, run
-from attnconf.conformance.scope_fit import fit
+from attnconf.conformance.engine.harness import clauses, expect, expect_close, first, run
+from attnconf.conformance.engine.scope_fit import fit
 from attnconf.reference import Case
 
 # a declared feature -> the probe that exercises it (strategies.probe_cases)

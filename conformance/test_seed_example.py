@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnconf.conformance.harness import clauses, expect, judge, run
-from attnconf.conformance.tolerance import judge_output
+from attnconf.conformance.engine.harness import clauses, expect, judge, run
+from attnconf.conformance.engine.tolerance import judge_output
 from attnconf.reference import Case
 
 EXAMPLE = tomllib.loads((Path(__file__).parent.parent / "spec" / "seed_example.toml").read_text())["example"]

@@ -15,9 +15,9 @@ import numpy as np
 
 from attnconf import spec
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import (clauses, expect, expect_close, expect_equivalent, for_cases, judge,
+from attnconf.conformance.engine.harness import (clauses, expect, expect_close, expect_equivalent, for_cases, judge,
                                           lse_need, run)
-from attnconf.conformance.tolerance import EPS64, judge_arrays, judge_gradients, judge_lse
+from attnconf.conformance.engine.tolerance import EPS64, judge_arrays, judge_gradients, judge_lse
 from attnconf.reference import backward, expand_kv, oracle, sink_factor
 from attnconf.reference.attention import alibi_bias
 

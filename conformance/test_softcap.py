@@ -15,8 +15,8 @@ import math
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_close, expect_equivalent, for_cases, judge, run
-from attnconf.conformance.tolerance import judge_gradients, judge_output
+from attnconf.conformance.engine.harness import clauses, expect, expect_close, expect_equivalent, for_cases, judge, run
+from attnconf.conformance.engine.tolerance import judge_gradients, judge_output
 from attnconf.reference import oracle
 
 

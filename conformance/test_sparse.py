@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_close, for_cases, judge, run
-from attnconf.conformance.scope_fit import fit
-from attnconf.conformance.tolerance import judge_lse
+from attnconf.conformance.engine.harness import clauses, expect, expect_close, for_cases, judge, run
+from attnconf.conformance.engine.scope_fit import fit
+from attnconf.conformance.engine.tolerance import judge_lse
 from attnconf.reference import Case, oracle
 from attnconf.reference.sparse import max_logits as reference_max_logits
 

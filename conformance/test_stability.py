@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_close, for_cases, run
+from attnconf.conformance.engine.harness import clauses, expect, expect_close, for_cases, run
 from attnconf.reference import oracle
 
 HARD_REGIMES = ("large", "overflow", "mixed", "near_ties")

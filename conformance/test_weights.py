@@ -20,7 +20,7 @@ import numpy as np
 
 from attnconf.adapters import Adapter
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import clauses, expect, expect_close, for_cases, run
+from attnconf.conformance.engine.harness import clauses, expect, expect_close, for_cases, run
 from attnconf.reference import Case, causal_visible, oracle
 
 PINNED = [

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.conformance import strategies as st
-from attnconf.conformance.harness import (clauses, expect, expect_close, expect_equivalent, for_cases, judge,
+from attnconf.conformance.engine.harness import (clauses, expect, expect_close, expect_equivalent, for_cases, judge,
                                           lse_need, run)
-from attnconf.conformance.tolerance import judge_gradients, judge_lse
+from attnconf.conformance.engine.tolerance import judge_gradients, judge_lse
 from attnconf.reference import Case, oracle, visibility
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnconf.conformance.witnesses import STORED, witness
+from attnconf.conformance.engine.witnesses import STORED, witness
 from attnconf.reference import Case
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from attnconf.reference import Case
 
-from .witnesses import witness
+from attnconf.conformance.engine.witnesses import witness
 
 
 @witness

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnconf.conformance.witnesses import witness
+from attnconf.conformance.engine.witnesses import witness
 from attnconf.reference import Case
 
 

@@ -1,4 +1,4 @@
-"""How a cause of failures (the run file's `causes`, conformance/causes.py) reads: one line for the terminal
+"""How a cause of failures (the run file's `causes`, conformance/engine/causes.py) reads: one line for the terminal
 summary and the certificate, from the run file's data alone."""
 from __future__ import annotations
 

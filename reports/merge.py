@@ -4,7 +4,7 @@ Everything a reader sees is decided here, once: which clauses and columns exist,
 matrix cell is in, which implementations agree on the fixed panel. The renderers only format.
 
 Cells come from the run files: each run lists its (implementation, clause, dtype) cells with their
-own status and counts (conformance/verdict.py decides them, once). This module only attaches what a
+own status and counts (conformance/engine/verdict.py decides them, once). This module only attaches what a
 reader drills down to (the records of the cell, the worst error ratio at that dtype) and, for the
 per-implementation summary, takes the worst state over an implementation's dtypes:
 failing > divergent > below floor > not run > conformant > unsupported.

@@ -13,8 +13,8 @@ from attnconf import adapters, spec  # noqa: E402
 from attnconf.adapters.equinox import EqxDpaAdapter  # noqa: E402
 from attnconf.adapters.equinox_layer import EqxMhaAdapter  # noqa: E402
 from tests.masked_logits import masked_logits_constant  # noqa: E402
-from attnconf.conformance.tolerance import judge_gradients, judge_layer, judge_output  # noqa: E402
-from attnconf.conformance.witnesses import WITNESSES  # noqa: E402
+from attnconf.conformance.engine.tolerance import judge_gradients, judge_layer, judge_output  # noqa: E402
+from attnconf.conformance.engine.witnesses import WITNESSES  # noqa: E402
 from attnconf.reference import Case, numpy_dtype, oracle  # noqa: E402
 from attnconf.reference.backward import backward  # noqa: E402
 from attnconf.reference.layer import LayerCase, mha, random_layer_case  # noqa: E402

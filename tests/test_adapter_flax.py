@@ -15,8 +15,8 @@ from attnconf import adapters, spec  # noqa: E402
 from attnconf.adapters.flax import LinenDpaAdapter, check_kernel_signature, kernel_adapter  # noqa: E402
 from attnconf.adapters.flax_layer import LinenMhaAdapter  # noqa: E402
 from tests.masked_logits import masked_logits_constant  # noqa: E402
-from attnconf.conformance.tolerance import judge_gradients, judge_layer, judge_output  # noqa: E402
-from attnconf.conformance.witnesses import WITNESSES  # noqa: E402
+from attnconf.conformance.engine.tolerance import judge_gradients, judge_layer, judge_output  # noqa: E402
+from attnconf.conformance.engine.witnesses import WITNESSES  # noqa: E402
 from attnconf.reference import Case, numpy_dtype, oracle  # noqa: E402
 from attnconf.reference.backward import backward  # noqa: E402
 from attnconf.reference.layer import LayerCase, mha, random_layer_case  # noqa: E402
@@ -231,7 +231,7 @@ def test_layer_witness_diverges():
     case = WITNESSES["fully_masked_row"]()
     vis = oracle(case).visible[:, 0]
     lc = random_layer_case(np.random.default_rng(0), 1, 4, 6, 8, 1, dtype="float32", mask=vis)
-    from attnconf.conformance.tolerance import judge_layer
+    from attnconf.conformance.engine.tolerance import judge_layer
 
     assert not judge_layer(LinenMhaAdapter("cpu", {}).run_layer(lc), lc).ok
 

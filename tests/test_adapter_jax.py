@@ -236,7 +236,7 @@ def test_kernel_local_window_size_is_jax_top_left_window():
 
 
 def test_correct_kernel_passes_window_and_gradient_cases():
-    from attnconf.conformance.tolerance import judge_gradients, judge_output
+    from attnconf.conformance.engine.tolerance import judge_gradients, judge_output
 
     ad = _kernel("attention")
     assert ad.scope()["grads"] and ad.scope()["source"] == "full jax convention (no declaration)"
@@ -257,7 +257,7 @@ def test_correct_kernel_passes_window_and_gradient_cases():
 
 
 def test_kernel_that_ignores_local_window_size_is_caught():
-    from attnconf.conformance.tolerance import judge_output
+    from attnconf.conformance.engine.tolerance import judge_output
 
     witness = _wcase((1, 0))
     assert judge_output(_kernel("attention").run(witness).out, witness).ok
@@ -265,7 +265,7 @@ def test_kernel_that_ignores_local_window_size_is_caught():
 
 
 def test_kernel_with_a_wrong_custom_vjp_dq_is_caught():
-    from attnconf.conformance.tolerance import judge_gradients, judge_output
+    from attnconf.conformance.engine.tolerance import judge_gradients, judge_output
 
     witness = _wcase((2, 1))
     res = _kernel("wrong_dq").run(witness, grads=True)

@@ -17,13 +17,14 @@ from attnconf.adapters import KernelError  # noqa: E402
 from attnconf.adapters.base import NotSupported  # noqa: E402
 from attnconf.adapters.onnx_graphs import attention_call, gqa_call, mha_call  # noqa: E402
 from attnconf.adapters.onnx import ReferenceEvaluatorAdapter  # noqa: E402
-from attnconf.conformance import alternatives, alternatives_onnx, regions_onnx, witnesses_onnx  # noqa: E402,F401
-from attnconf.conformance.divergences import Applied, Divergences  # noqa: E402
-from attnconf.conformance.regions import REGIONS, rows_of, touches  # noqa: E402
-from attnconf.conformance.regions import load_all as load_regions  # noqa: E402
-from attnconf.conformance.tolerance import judge_output, rounding_noise  # noqa: E402
-from attnconf.conformance.witnesses import WITNESSES  # noqa: E402
-from attnconf.conformance.witnesses import load_all as load_witnesses  # noqa: E402
+from attnconf.conformance import alternatives_onnx, regions_onnx, witnesses_onnx
+from attnconf.conformance.engine import alternatives  # noqa: E402,F401
+from attnconf.conformance.engine.divergences import Applied, Divergences  # noqa: E402
+from attnconf.conformance.engine.regions import REGIONS, rows_of, touches  # noqa: E402
+from attnconf.conformance.engine.regions import load_all as load_regions  # noqa: E402
+from attnconf.conformance.engine.tolerance import judge_output, rounding_noise  # noqa: E402
+from attnconf.conformance.engine.witnesses import WITNESSES  # noqa: E402
+from attnconf.conformance.engine.witnesses import load_all as load_witnesses  # noqa: E402
 from attnconf.reference import Case, expand_kv, oracle, round_to  # noqa: E402
 
 try:

@@ -14,7 +14,7 @@ pytest.importorskip("tensorflow")
 from attnconf import adapters  # noqa: E402
 from attnconf.adapters import KernelError  # noqa: E402
 from attnconf.adapters import tensorflow as tfa  # noqa: E402
-from attnconf.conformance.tolerance import judge_output  # noqa: E402
+from attnconf.conformance.engine.tolerance import judge_output  # noqa: E402
 from attnconf.reference import Case, oracle, visibility  # noqa: E402
 from attnconf.reference.backward import backward  # noqa: E402
 from attnconf.reference.layer import LayerCase, mha  # noqa: E402

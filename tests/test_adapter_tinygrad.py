@@ -20,9 +20,9 @@ pytest.importorskip("tinygrad")
 from attnconf import adapters, spec  # noqa: E402
 from attnconf.adapters import tinygrad as tga  # noqa: E402
 from attnconf.conformance import alternatives_tinygrad, regions_tinygrad, witnesses_tinygrad  # noqa: E402
-from attnconf.conformance.divergences import Divergences  # noqa: E402
-from attnconf.conformance.tolerance import judge_gradients, judge_output  # noqa: E402
-from attnconf.conformance.witnesses import WITNESSES  # noqa: E402
+from attnconf.conformance.engine.divergences import Divergences  # noqa: E402
+from attnconf.conformance.engine.tolerance import judge_gradients, judge_output  # noqa: E402
+from attnconf.conformance.engine.witnesses import WITNESSES  # noqa: E402
 from attnconf.reference import Case, oracle  # noqa: E402
 from attnconf.reference.backward import backward  # noqa: E402
 
@@ -221,7 +221,7 @@ def test_missing_compiler_is_one_line_usage_error(monkeypatch):
 def test_divergence_file_is_valid():
     entries = spec.divergences("tinygrad")
     Divergences(entries, "cpu")                      # regions and witnesses exist
-    from attnconf.conformance.alternatives import ALTERNATIVES
+    from attnconf.conformance.engine.alternatives import ALTERNATIVES
 
     vocabulary = set(ALTERNATIVES)
     for e in entries:

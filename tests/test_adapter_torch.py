@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from attnconf import adapters  # noqa: E402
-from attnconf.conformance import tolerance as T  # noqa: E402
+from attnconf.conformance.engine import tolerance as T  # noqa: E402
 from attnconf.reference import Case  # noqa: E402
 
 

@@ -15,9 +15,9 @@ pytest.importorskip("transformers")
 from attnconf.adapters import transformers as tfa  # noqa: E402
 from attnconf.conformance import alternatives_transformers as A  # noqa: E402
 from attnconf.conformance import regions_transformers as RT  # noqa: E402
-from attnconf.conformance import tolerance as T  # noqa: E402
+from attnconf.conformance.engine import tolerance as T  # noqa: E402
 from attnconf.conformance import witnesses_transformers  # noqa: E402,F401 (registers the witnesses)
-from attnconf.conformance.witnesses import WITNESSES  # noqa: E402
+from attnconf.conformance.engine.witnesses import WITNESSES  # noqa: E402
 from attnconf.reference import Case, oracle, visibility  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -268,9 +268,9 @@ CHECKED = ("eager_min_mask", "finfo_min_mask_through_logits", "sliding_window_on
 
 
 def _check_declared(entry, case: Case, a) -> None:
-    from attnconf.conformance import alternatives
-    from attnconf.conformance.divergences import covered_elements
-    from attnconf.conformance.regions import load_all, rows_of
+    from attnconf.conformance.engine import alternatives
+    from attnconf.conformance.engine.divergences import covered_elements
+    from attnconf.conformance.engine.regions import load_all, rows_of
 
     load_all()
     alternatives.load_all()
@@ -402,7 +402,7 @@ def test_flex_conforms_on_left_padding_and_softcap():
 def test_float64_dropout_cells_are_refused_before_drawing(cls):
     """The eager paths refuse every float64 dropout case (impl_support); the cells of properties that need
     dropout say so at once (Adapter.cell_refusal) instead of after Hypothesis's hundreds of refused draws."""
-    from attnconf.conformance.harness import refused_at_once
+    from attnconf.conformance.engine.harness import refused_at_once
 
     adapter = cls("cpu")
     case = _case(dtype="float64").replace(dropout_p=0.25)

@@ -1,7 +1,7 @@
 """The 2026 catalogue, part A (tests/kernels/kernels2026_a.py): flash_attn3, flash_attn4 and sageattn.
 
 - fast: each control agrees with the reference through its convention (a quantized control with its
-  contract: conformance/alternatives_contracts.py), and each one-defect kernel differs from the
+  contract: conformance/engine/alternatives_contracts.py), and each one-defect kernel differs from the
   reference (or from its contract, or breaks its convention) on a witness case built for its defect;
 - slow: the suite runs on the controls (CONFORMANT; the quantized ones CONFORMANT_WITH_DIVERGENCES with
   the contract and measured accuracy in the run file) and on each bug, stopping at the first failure,
@@ -19,9 +19,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reaso
 if importlib.util.find_spec("torch") is not None:
     from attnconf import adapters
     from attnconf.adapters.base import ConventionViolation
-    from attnconf.conformance import tolerance as T
-    from attnconf.conformance.alternatives import ALTERNATIVES
-    from attnconf.conformance.alternatives_contracts import contract_entries
+    from attnconf.conformance.engine import tolerance as T
+    from attnconf.conformance.engine.alternatives import ALTERNATIVES
+    from attnconf.conformance.engine.alternatives_contracts import contract_entries
     from attnconf.reference import Case
     from bench.runner import run_suite
     from tests.kernels import kernels2026_a as K

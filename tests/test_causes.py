@@ -1,11 +1,11 @@
-"""One finding per cause (conformance/causes.py): each diagnosis names the behaviour it was written for, on
+"""One finding per cause (conformance/engine/causes.py): each diagnosis names the behaviour it was written for, on
 synthetic outputs computed by the reference under that behaviour, and the grouping of records."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from attnconf.conformance import causes
+from attnconf.conformance.engine import causes
 from attnconf.reference import Case, naive_forward, oracle
 from attnconf.reports.causes import cause_line
 
@@ -161,7 +161,7 @@ def test_certificate_lists_causes_and_writes_a_badge(tmp_path):
 def test_plugin_diagnoses_from_the_kept_output_and_reuses_saved_cases():
     from types import SimpleNamespace
 
-    from attnconf.conformance import harness, plugin
+    from attnconf.conformance.engine import harness, plugin
 
     case = _masked()
     rec = harness.TestRecord("n", "t", [], "k")

@@ -1,4 +1,4 @@
-"""The kernel author's contract (adapters/contract.py, conformance/declared.py): documented behaviour and
+"""The kernel author's contract (adapters/contract.py, conformance/engine/declared.py): documented behaviour and
 limits declared with the capabilities, parsed, refused with one-line errors, turned into divergence
 entries and limits that `supports`, generation and `fit` honour."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 from attnconf import adapters  # noqa: E402
 from attnconf.adapters import contract as ct  # noqa: E402
 from attnconf.adapters.base import NotSupported  # noqa: E402
-from attnconf.conformance import alternatives, declared  # noqa: E402
-from attnconf.conformance.scope_fit import fit  # noqa: E402
+from attnconf.conformance.engine import alternatives, declared  # noqa: E402
+from attnconf.conformance.engine.scope_fit import fit  # noqa: E402
 from attnconf.reference import Case  # noqa: E402
 
 SDPA = "tests.kernels.declared"
@@ -115,7 +115,7 @@ def test_generation_draws_inside_the_limits():
     from hypothesis import HealthCheck, given, settings
 
     from attnconf.conformance import strategies as st
-    from attnconf.conformance.harness import scope_of
+    from attnconf.conformance.engine.harness import scope_of
 
     b = adapters.load("torch", kernel=f"{SDPA}:noncausal_q128_padded_keys_bug")[0]
     seen = []
@@ -196,7 +196,7 @@ def test_scale_rounding_and_empty_rows_entries():
 
     spec = alternatives.check(zero, case, Result(out=np.where(masks["out"], 0.0, res.out), out_dtype="float32"), masks)
     assert spec.ok and spec.detail == "conforms to the spec here"      # "zero" is the spec's value: not divergent
-    from attnconf.conformance.regions import REGIONS
+    from attnconf.conformance.engine.regions import REGIONS
 
     assert REGIONS["scale_changed_by_input_dtype"](_case(dtype="bfloat16", scale=0.3))
     assert not REGIONS["scale_changed_by_input_dtype"](_case(dtype="bfloat16", scale=0.25))

@@ -8,9 +8,9 @@ import json
 import numpy as np
 
 from attnconf import cli
-from attnconf.conformance import plugin
-from attnconf.conformance import harness
-from attnconf.conformance.nan_aware import max_gap
+from attnconf.conformance.engine import plugin
+from attnconf.conformance.engine import harness
+from attnconf.conformance.engine.nan_aware import max_gap
 from attnconf.conformance.test_weights import weight_sign_problem
 from attnconf.reference import Case
 
@@ -24,7 +24,7 @@ def test_summary_ratio_keeps_large_and_non_finite_ratios():
 
 
 def test_a_nan_judgement_is_kept_as_the_worst_ratio():
-    from attnconf.conformance import tolerance as T
+    from attnconf.conformance.engine import tolerance as T
 
     q = np.ones((1, 1, 2, 4))
     case = Case.build(q, q, q, dtype="float32")

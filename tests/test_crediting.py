@@ -3,7 +3,7 @@ the clause's subject (spec/clauses.toml `subject`), and a subject outside the de
 out of scope; out of scope, in scope but not run, and checked stay three states."""
 from __future__ import annotations
 
-from attnconf.conformance import verdict
+from attnconf.conformance.engine import verdict
 
 
 def _rec(test, clauses, checked, features=None, dtype="float32", status="pass"):
@@ -48,7 +48,7 @@ def test_a_failure_out_of_scope_still_fails():
 def test_a_cell_that_rarely_exercised_a_subject_draws_more():
     from types import SimpleNamespace
 
-    from attnconf.conformance import harness
+    from attnconf.conformance.engine import harness
 
     rec = harness.TestRecord("n", "t", [], "k")
     rec.checked, rec.checked_features = 5, {"": 3, "causal_top_left": 2}
@@ -65,6 +65,6 @@ def test_the_top_up_is_decided_by_the_cell_alone():
     """The cells that ran before do not count: a run split over xdist workers draws what one process draws."""
     import inspect
 
-    from attnconf.conformance import harness
+    from attnconf.conformance.engine import harness
 
     assert list(inspect.signature(harness.subject_shortfall).parameters) == ["adapter", "rec", "cited"]

@@ -157,9 +157,9 @@ def test_requirements_rename_coinciding_alignments():
     assert "its lse is float32" in a.supports(_case(dtype="float64"), need={"lse"})
 
 
-# ---- fitting generated cases to a scope (conformance/scope_fit.py) -------------------------------
+# ---- fitting generated cases to a scope (conformance/engine/scope_fit.py) -------------------------------
 def test_fit_projects_onto_the_scope_and_is_idempotent():
-    from attnconf.conformance.scope_fit import fit
+    from attnconf.conformance.engine.scope_fit import fit
 
     flash = load("flash:flash_attn_func", convention="flash_attn")
     rich = _case(dtype="float32", B=2, H=4, Hkv=2, Lq=5, Lk=9, mask=np.ones((5, 9), bool), causal="top_left",
@@ -178,7 +178,7 @@ def test_fit_projects_onto_the_scope_and_is_idempotent():
 
 
 def test_fit_keeps_within_declared_head_dims():
-    from attnconf.conformance.scope_fit import fit
+    from attnconf.conformance.engine.scope_fit import fit
 
     a = load("scoped:sdpa_half")
     c = fit(_case(dtype="float32", D=40, Lq=70, Lk=70, mask=np.ones((70, 70), bool)), a, record=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnconf.conformance.alternatives import finite_mask_bias_case
+from attnconf.conformance.engine.alternatives import finite_mask_bias_case
 from attnconf.reference import Case, oracle
 
 

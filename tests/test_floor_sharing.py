@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as hst
 
 from attnconf.adapters.base import CAPABILITIES, Adapter
-from attnconf.conformance import harness
+from attnconf.conformance.engine import harness
 from attnconf.conformance import strategies as st
 from attnconf.reference import Case
 

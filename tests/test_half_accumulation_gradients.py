@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from attnconf.adapters.base import Result
-from attnconf.conformance import alternatives
-from attnconf.conformance.tolerance import judge_gradients
+from attnconf.conformance.engine import alternatives
+from attnconf.conformance.engine.tolerance import judge_gradients
 from attnconf.reference import Case
 from attnconf.reference.backward import backward
 from attnconf.reference.emulate_half_backward import naive_backward_half_accumulation

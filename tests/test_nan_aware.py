@@ -1,6 +1,6 @@
 """NaN or inf where the reference is finite fails in every test (issue 25, item 4).
 
-Two halves: the suite's own distance (conformance/nan_aware.py) reads a NaN against a finite value as
+Two halves: the suite's own distance (conformance/engine/nan_aware.py) reads a NaN against a finite value as
 infinitely far, and no module of the project calls a NaN-ignoring reduction (np.nanmax and friends,
 np.fmax / np.fmin, which drop a NaN against a number), found by reading every source file's syntax tree.
 An entry of ALLOWED names a call that is not a comparison, with the reason; today there is none.
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnconf.conformance.nan_aware import gap, max_abs, max_gap
+from attnconf.conformance.engine.nan_aware import gap, max_abs, max_gap
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("conformance", "adapters", "reference")
@@ -67,7 +67,7 @@ def test_project_uses_no_nan_ignoring_reduction():
                     seen.add(key)
                 else:
                     hits.append(f"{rel}:{line} {name} in {func}")
-    assert not hits, "NaN-ignoring reductions (use conformance/nan_aware.py): " + "; ".join(hits)
+    assert not hits, "NaN-ignoring reductions (use conformance/engine/nan_aware.py): " + "; ".join(hits)
     assert seen == set(ALLOWED), f"stale ALLOWED entries: {sorted(set(ALLOWED) - seen)}"
 
 

@@ -24,7 +24,7 @@ TOP = ("spec", "reference", "adapters", "conformance", "reports")
 # out of pyproject's list is missing from the installed attnconf: adapters/conventions once was)
 SUBPACKAGES = tuple(sorted(str(d.parent.relative_to(ROOT)) for t in TOP for d in (ROOT / t).rglob("__init__.py")
                            if "__pycache__" not in d.parts))
-PLUGIN = "attnconf.conformance.plugin"
+PLUGIN = "attnconf.conformance.engine.plugin"
 
 
 def test_extras_are_the_registry() -> None:

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
 from attnconf.adapters.base import CAPABILITIES, COMPILES_PER_SHAPE
-from attnconf.conformance import boundaries, harness, palette
+from attnconf.conformance import boundaries, palette
+from attnconf.conformance.engine import harness
 from attnconf.conformance import strategies as S
 
 ODD = (1, 3, 5, 7, 13, 17, 31, 33)

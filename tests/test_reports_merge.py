@@ -118,7 +118,7 @@ def test_corrupt_panel_output_is_a_run_file_error() -> None:
 
 
 def test_cells_come_from_the_run_file() -> None:
-    """The report shows each run's own cells (decided once, by conformance/verdict.py), never re-derived."""
+    """The report shows each run's own cells (decided once, by conformance/engine/verdict.py), never re-derived."""
     run = upgrade(torch_cpu())
     cell = next(c for c in run["cells"] if c["clause"] == "ATTN-GQA-1" and c["implementation"] == "torch:sdpa-efficient")
     cell["status"] = "below_floor"

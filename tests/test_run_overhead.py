@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import jsonschema
 import pytest
 
-from attnconf.conformance import plugin
+from attnconf.conformance.engine import plugin
 from attnconf.reports import runfile
 from tests.test_reports_fixtures import FIXTURES, GOOD
 

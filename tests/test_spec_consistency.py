@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from attnconf import spec
-from attnconf.conformance.divergences import Divergences
+from attnconf.conformance.engine.divergences import Divergences
 
 ROOT = Path(__file__).resolve().parent.parent
 CITE = re.compile(r"clauses\(([^)]*)\)")
@@ -87,8 +87,8 @@ def _tf_half_entry(**change):
 def test_an_entry_over_everything_states_a_bound_that_its_alternative_applies(change, message):
     """Region 'any' exempts nothing unchecked: the entry states a bound, and only an alternative that
     multiplies its allowance by it may carry one."""
-    from attnconf.conformance.alternatives import load_all
-    from attnconf.conformance.divergences import DivergenceError
+    from attnconf.conformance.engine.alternatives import load_all
+    from attnconf.conformance.engine.divergences import DivergenceError
 
     load_all()
     entry = {k: v for k, v in _tf_half_entry(**{"region": "any", **change}).items() if v is not None}
@@ -97,7 +97,7 @@ def test_an_entry_over_everything_states_a_bound_that_its_alternative_applies(ch
 
 
 def test_the_stated_bound_is_the_factor_the_alternative_judges_with(monkeypatch):
-    from attnconf.conformance import alternatives
+    from attnconf.conformance.engine import alternatives
     from attnconf.conformance import strategies as st
     from attnconf.reference import oracle
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 from hypothesis.vendor.pretty import pretty
 
-from attnconf.conformance import plugin
+from attnconf.conformance.engine import plugin
 from attnconf.reference import Case
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +24,7 @@ def test_the_plan_reads_the_test_modules_pytest_imported():
     code = (
         "import importlib, json, pkgutil, sys\n"
         "import conformance\n"
-        "from attnconf.conformance.verdict import plan\n"
+        "from attnconf.conformance.engine.verdict import plan\n"
         "names = [m.name for m in pkgutil.iter_modules(conformance.__path__) if m.name.startswith('test_')]\n"
         "for n in names: importlib.import_module('conformance.' + n)\n"
         "reused = sorted(p.test for p in plan())\n"

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnconf.conformance.tolerance import judge_output, rounding_noise
+from attnconf.conformance.engine.tolerance import judge_output, rounding_noise
 from attnconf.reference import Case, expand_kv, naive_forward, oracle
 from attnconf.reference.emulate import VARIANTS
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnconf.conformance.tolerance import judge_output, rounding_noise
+from attnconf.conformance.engine.tolerance import judge_output, rounding_noise
 from attnconf.reference import Case, naive_forward, oracle
 from attnconf.reference.emulate import VARIANTS, logit_order_error
 
@@ -76,7 +76,7 @@ def test_floor_is_finite_at_and_beyond_the_dtype_range():
     """A magnitude at or past the dtype's largest finite value (a float16 gradient's summed terms reach
     66157 on the fixture below) gets the ulp of its binade: a NaN or inf floor would fail an exact
     result, or pass any result."""
-    from attnconf.conformance.tolerance import judge_arrays, ulp
+    from attnconf.conformance.engine.tolerance import judge_arrays, ulp
 
     for dtype, top in (("float16", 65504.0), ("bfloat16", 3.3895313892515355e38), ("float32", 3.4028234663852886e38)):
         mags = np.array([top, top * 1.01, top * 16])
@@ -97,7 +97,7 @@ def test_correct_kernel_passes_where_gradient_terms_pass_the_float16_range():
     """The case that failed a correct kernel with 'allowed nan' (dK of float16, magnitude 66157)."""
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed")
-    from attnconf.conformance.tolerance import judge_gradients
+    from attnconf.conformance.engine.tolerance import judge_gradients
 
     case = Case.load(FIXTURES / "fp16-grad-magnitude-beyond-max.npz")
     adapter = _adapter("torch", "tests.kernels.correct:naive", "sdpa")

@@ -136,7 +136,7 @@ def test_stale_and_inactive_entries_leave_a_correct_kernel_conformant(tmp_path):
     assert by_id["TEST-EMPTY-MEAN-INACTIVE"]["holds"] is False and "numpy" in by_id["TEST-EMPTY-MEAN-INACTIVE"]["condition"]
     assert run["verdict"]["stale"] == ["TEST-EMPTY-MEAN"] and proc.returncode == 0
     assert "STALE divergence TEST-EMPTY-MEAN:" in proc.stdout and "STALE divergence TEST-EMPTY-MEAN-INACTIVE" not in proc.stdout
-    check = subprocess.run([sys.executable, "-m", "attnconf.conformance.entries_check", str(tmp_path / "run.json")],
+    check = subprocess.run([sys.executable, "-m", "attnconf.conformance.engine.entries_check", str(tmp_path / "run.json")],
                            cwd=ROOT, capture_output=True, text=True)
     assert check.returncode == 1 and "TEST-EMPTY-MEAN" in check.stdout + check.stderr
 
@@ -200,7 +200,7 @@ def test_a_cell_whose_every_case_raises_as_declared_ends_early(tmp_path):
     """Every case of test_mqa_single_kv_head is MQA, and the kernel raises on each as its entry declares:
     each cell stops after RAISES_DRAWS draws (Hypothesis would draw hundreds), divergent, every raise
     checked. The GQA test beside it, whose cases are mostly not MQA, still judges its examples."""
-    from attnconf.conformance.harness import RAISES_DRAWS
+    from attnconf.conformance.engine.harness import RAISES_DRAWS
 
     proc, run = suite(tmp_path, "--kernel=tests.kernels.verdicts:RaisesOnMultiQuery", "-k",
                       "test_mqa_single_kv_head or test_gqa_is_repeat_interleave", entries=MQA_RAISES)
@@ -230,7 +230,7 @@ def test_a_hanging_kernel_ends_within_minutes_with_a_complete_run_file(tmp_path)
     is not called again, so the run ends in minutes and its file is complete. The calls time out after 5 s,
     not the default 60 s: the two timeouts are the only waits, so with the defaults the same run takes
     2 x 55 s longer (which the bound below adds); the rest of the run is what is measured."""
-    from attnconf.conformance.harness import Session
+    from attnconf.conformance.engine.harness import Session
 
     timeout = 5.0
     started = time.time()
@@ -266,7 +266,7 @@ def test_each_cell_has_its_own_hypothesis_database_key():
     failing example and nothing else (a shared key replayed one test's failures into another)."""
     from hypothesis.internal.reflection import function_digest
 
-    from attnconf.conformance import harness
+    from attnconf.conformance.engine import harness
     from attnconf.conformance.test_agreement import test_lse_matches_reference, test_output_matches_reference
 
     class Fake:
@@ -284,8 +284,8 @@ def test_a_failure_names_one_clause_in_its_record_and_its_message():
     tags more specific than any test's clause (a non-finite value, the lse of a row that sees no key): a
     flash-convention kernel whose empty-row lse was finite was reported as ATTN-LSE-1 in the run file and
     [ATTN-EMPTY-2] in the message (red team, 2026-11-25)."""
-    from attnconf.conformance.harness import ConformanceFailure, judge
-    from attnconf.conformance.tolerance import Judgement
+    from attnconf.conformance.engine.harness import ConformanceFailure, judge
+    from attnconf.conformance.engine.tolerance import Judgement
     from attnconf.reference import Case
 
     case = Case.build(*(np.ones((1, 1, 2, 4)) for _ in range(3)), dtype="float32")

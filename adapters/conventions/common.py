@@ -97,7 +97,7 @@ class Convention:
     max_head_dim: int | None = None
     notes: dict[str, str] = field(default_factory=dict)
     writes: tuple[str, ...] = ()      # arguments the convention lets the kernel write (a KV cache's appends)
-    # the accuracy contract an undeclared kernel is held to (conformance/alternatives_contracts.py); None = exact
+    # the accuracy contract an undeclared kernel is held to (conformance/engine/alternatives_contracts.py); None = exact
     accuracy_contract: dict[str, Any] | None = None
 
     def requirements(self, case: Case) -> set[str]:

@@ -18,7 +18,7 @@ is bound by keyword. What the convention says, and how a Case maps onto it:
 
 With no other declaration the kernel is held to the upstream scheme of SageAttention's Triton path
 (`CONTRACT`): int8 per block of 128 queries and 64 keys (Q pre-multiplied by sm_scale * log2 e),
-smooth-K, P and V in float16 (conformance/alternatives_contracts.py, SPEC section 29). A kernel
+smooth-K, P and V in float16 (conformance/engine/alternatives_contracts.py, SPEC section 29). A kernel
 declaring `quantization = {..., smooth_k = false}` is called with `smooth_k=False`.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from attnconf import adapters  # noqa: E402
-from attnconf.conformance import tolerance as T  # noqa: E402
+from attnconf.conformance.engine import tolerance as T  # noqa: E402
 from attnconf.reference import Case, oracle  # noqa: E402
 
 warnings.simplefilter("ignore")

@@ -10,8 +10,8 @@ import numpy as np
 
 from attnconf.adapters.base import Result
 from attnconf.adapters.numpy import ReferenceAdapter
-from attnconf.conformance.alternatives import uniform_weights
-from attnconf.conformance.regions import mask_emptied_rows
+from attnconf.conformance.engine.alternatives import uniform_weights
+from attnconf.conformance.engine.regions import mask_emptied_rows
 from attnconf.reference import Case, expand_kv, round_to
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .alternatives import ALTERNATIVES, FORWARD, GRADIENTS
-from .regions import CASE_REGIONS, REGIONS, rows_of, touches
+from attnconf.conformance.engine.alternatives import ALTERNATIVES, FORWARD, GRADIENTS
+from attnconf.conformance.engine.regions import CASE_REGIONS, REGIONS, rows_of, touches
 
 GRADIENT_CLAUSES = {"ATTN-GRAD-1", "ATTN-GRAD-2", "ATTN-EMPTY-3", "ATTN-TOL-5"}
 
@@ -146,10 +146,10 @@ class Divergences:
     """The entries of one backend on one device, validated, with their conditions evaluated."""
 
     def __init__(self, entries: list[dict[str, Any]], device: str):
-        from .alternatives import load_all as load_alternatives
-        from .regions import load_all as load_regions
-        from .witnesses import WITNESSES
-        from .witnesses import load_all as load_witnesses
+        from attnconf.conformance.engine.alternatives import load_all as load_alternatives
+        from attnconf.conformance.engine.regions import load_all as load_regions
+        from attnconf.conformance.engine.witnesses import WITNESSES
+        from attnconf.conformance.engine.witnesses import load_all as load_witnesses
 
         load_alternatives()
         load_regions()
@@ -210,7 +210,7 @@ def _normalise(entry: dict[str, Any], witnesses: dict) -> dict[str, Any]:
     if e["instead"] == "finite_mask_bias" and not isinstance(e.get("value"), (int, float)):
         raise DivergenceError(f"{where}: instead = 'finite_mask_bias' needs a numeric field 'value'")
     if "finite_for" in e:
-        from .alternatives import FINITE_SOURCES
+        from attnconf.conformance.engine.alternatives import FINITE_SOURCES
         bad = [x for x in e["finite_for"] if x not in FINITE_SOURCES]
         if e["instead"] != "finite_mask_bias" or bad or not e["finite_for"]:
             raise DivergenceError(f"{where}: field 'finite_for' goes with instead = 'finite_mask_bias' and lists some "

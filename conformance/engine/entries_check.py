@@ -1,7 +1,7 @@
 """Keep divergence entries honest where they hold: fail on a stale entry (`make test`).
 
-    python -m attnconf.conformance.entries_check RUN.json [RUN.json ...]
-    python -m attnconf.conformance.entries_check --witnesses [--backends a,b] [--out DIR]
+    python -m attnconf.conformance.engine.entries_check RUN.json [RUN.json ...]
+    python -m attnconf.conformance.engine.entries_check --witnesses [--backends a,b] [--out DIR]
 
 The second form runs, for every installed backend (and each opt-in implementation that has an entry),
 only the witness tests (conformance/test_divergences.py) in a process of its own, then checks the
@@ -78,7 +78,7 @@ def run_witnesses(backends: list[str], out: Path) -> list[Path]:
                f"--report={path}", "-q", "-p", "no:cacheprovider", "--no-header"]
         if impl is not None:
             cmd.append(f"--impl={impl}")
-        done = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, env=os.environ,
+        done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], env=os.environ,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         # The witness tests alone are below the coverage floor: exit 2 (INCOMPLETE) is expected; the
         # run file says whether each witness behaved as declared. Anything else shows the output.

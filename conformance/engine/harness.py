@@ -9,7 +9,7 @@ bookkeeping of its own.
 
 `run()` is where declared divergences act: the elements an applied entry covers
 are judged against what the entry says the implementation does instead
-(conformance/alternatives.py), and then replaced by the spec's own values, so
+(conformance/engine/alternatives.py), and then replaced by the spec's own values, so
 every later check of the test judges the rest of the case as usual and none of
 them can be fooled or tripped by the covered elements.
 """
@@ -37,9 +37,10 @@ from attnconf.adapters import Adapter, KernelError, Result
 from attnconf.adapters.base import NotSupported
 from attnconf.reference import DTYPES, Case
 
-from . import alternatives, boundaries, palette, tolerance
-from .nan_aware import max_gap
-from . import strategies as strategies_module
+from attnconf.conformance import boundaries, palette
+from attnconf.conformance.engine import alternatives, tolerance
+from attnconf.conformance.engine.nan_aware import max_gap
+from attnconf.conformance import strategies as strategies_module
 
 MAX_SAMPLES = 100
 KEEP_OUTPUTS = 32              # kernel outputs a record keeps for diagnosing its failure (TestRecord.outputs)
@@ -149,7 +150,7 @@ class TestRecord:
     current_case: Case | None = None
     rejected: int = 0                         # unjudged examples handed back to Hypothesis for another draw
     # the latest calls' (case, raw output): Hypothesis re-runs each failing example at the end, and the failure
-    # it reports may be an earlier one than the last example run (conformance/causes.py diagnoses it)
+    # it reports may be an earlier one than the last example run (conformance/engine/causes.py diagnoses it)
     outputs: deque = field(default_factory=lambda: deque(maxlen=KEEP_OUTPUTS))
     # "+"-joined features of the cases a judged example ran ("grads", "dbias" too) -> examples (verdict.credited)
     checked_features: dict[str, int] = field(default_factory=dict)
@@ -361,7 +362,7 @@ TOP_UPS = 3           # at most this many top-ups, each under its own seed, unti
 def subject_credit(adapter: Any, rec: TestRecord, cited: Iterable[str]) -> dict[str, int]:
     """Cited clause with a subject (spec/clauses.toml) in the implementation's scope -> the examples of this
     record that exercise it (verdict.credited)."""
-    from .verdict import credited, out_of_scope, subjects
+    from attnconf.conformance.engine.verdict import credited, out_of_scope, subjects
 
     declared = {"kind": "sdpa", "features": sorted(getattr(adapter, "capabilities", ()))}
     seen = {"examples_checked": rec.checked, "checked_features": rec.checked_features}

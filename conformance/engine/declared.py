@@ -16,9 +16,9 @@ import numpy as np
 
 from attnconf.reference import Case, round_to
 
-from . import tolerance as T
-from .alternatives import ALTERNATIVES, FORWARD, GRADIENTS, PRECISION_ORDER, Verdict, _judge_against, alternative
-from .regions import case_region
+from attnconf.conformance.engine import tolerance as T
+from attnconf.conformance.engine.alternatives import ALTERNATIVES, FORWARD, GRADIENTS, PRECISION_ORDER, Verdict, _judge_against, alternative
+from attnconf.conformance.engine.regions import case_region
 
 PREFIX = "DECLARED-"
 

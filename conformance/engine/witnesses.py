@@ -72,7 +72,7 @@ def masked_huge_logit_half() -> Case:
     return Case.build(q, k, v, mask=mask, dtype="float16")
 
 
-STORED = Path(__file__).resolve().parent.parent / "spec" / "witnesses"
+STORED = Path(__file__).resolve().parents[2] / "spec" / "witnesses"
 
 
 @witness

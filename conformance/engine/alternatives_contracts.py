@@ -27,9 +27,9 @@ import numpy as np
 from attnconf.reference import Case, oracle
 from attnconf.adapters.accuracy_contract import ACCURACY_KEYS, INT8_DEFAULTS, ContractError, parse  # noqa: F401  (the judge reads the parsed form)
 
-from . import tolerance as T
-from .alternatives import Alternative, ALTERNATIVES, Verdict, _judged
-from .witnesses import witness
+from attnconf.conformance.engine import tolerance as T
+from attnconf.conformance.engine.alternatives import Alternative, ALTERNATIVES, Verdict, _judged
+from attnconf.conformance.engine.witnesses import witness
 
 CONTRACT_CLAUSE = "ATTN-QUANT-1"       # a declared quantization scheme
 CLASS_CLAUSE = "ATTN-QUANT-2"          # a declared accuracy class

@@ -18,7 +18,7 @@ import numpy as np
 from attnconf.reference import Case, expand_kv, oracle
 from attnconf.reference.emulate import _rounder, seq_matmul
 
-from . import tolerance as T
+from attnconf.conformance.engine import tolerance as T
 
 FORWARD = ("out", "lse")
 GRADIENTS = ("dq", "dk", "dv", "dbias")
@@ -144,7 +144,7 @@ def _non_finite_or_spec(entry, case, res, masks) -> Verdict:
 def uniform_weights(case: Case, rows: np.ndarray) -> np.ndarray:
     """(B, Hq, Lq, Lk): on `rows`, equal weights over the keys hidden by the mask, causal alignment,
     window or padding (regions.mask_hidden_keys); 0 elsewhere."""
-    from .regions import mask_hidden_keys
+    from attnconf.conformance.engine.regions import mask_hidden_keys
 
     keys = mask_hidden_keys(case) & rows[..., None]
     n = keys.sum(axis=-1, keepdims=True)

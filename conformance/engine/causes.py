@@ -27,8 +27,8 @@ import numpy as np
 from attnconf.adapters import Result
 from attnconf.reference import Case, baseline_error, oracle
 
-from . import alternatives
-from . import tolerance as T
+from attnconf.conformance.engine import alternatives
+from attnconf.conformance.engine import tolerance as T
 
 FAILING = ("fail", "error", "crashed", "timeout")
 UNEXPLAINED = "unexplained"

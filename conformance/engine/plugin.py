@@ -35,10 +35,10 @@ import attnconf
 from attnconf.adapters.registry import REGISTRY
 
 if TYPE_CHECKING:   # the rest is imported when a run starts: an inert plugin costs no NumPy import
-    from . import harness
+    from attnconf.conformance.engine import harness
 
-ROOT = Path(__file__).resolve().parent.parent
-SUITE_DIR = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+SUITE_DIR = Path(__file__).resolve().parents[1]
 IN_CHECKOUT = (ROOT / ".git").exists() or (ROOT / "pyproject.toml").is_file()
 SUITE_VERSION = attnconf.__version__
 SESSION_KEY = pytest.StashKey["RunState"]()
@@ -161,8 +161,8 @@ def pytest_configure(config: pytest.Config) -> None:
     from attnconf import adapters, spec
     from attnconf.reference import Case
 
-    from . import harness
-    from .divergences import DivergenceError, Divergences
+    from attnconf.conformance.engine import harness
+    from attnconf.conformance.engine.divergences import DivergenceError, Divergences
 
     register_profiles()
     options = {"allow_tf32": config.getoption("--allow-tf32")}
@@ -175,19 +175,19 @@ def pytest_configure(config: pytest.Config) -> None:
         _usage(str(exc))
     if config.getoption("--isolate"):
         impls = _isolate(config, impls, options)
-    from .regions import load_all as load_regions
-    from .witnesses import load_all as load_witnesses
+    from attnconf.conformance.engine.regions import load_all as load_regions
+    from attnconf.conformance.engine.witnesses import load_all as load_witnesses
 
     load_regions()
     load_witnesses()
     try:
         folder = config.getoption("--divergences-dir")
         entries = spec.divergences(backend, Path(folder) if folder else None)
-        from .alternatives_contracts import contract_entries
+        from attnconf.conformance.engine.alternatives_contracts import contract_entries
 
         entries = entries + contract_entries(impls)     # a declared accuracy contract (SPEC section 29)
         divs = Divergences(entries, config.getoption("--device"))
-        from .declared import entries as declared_entries
+        from attnconf.conformance.engine.declared import entries as declared_entries
 
         divs.entries += [e for a in impls for e in declared_entries(a)]     # the kernels' documented behaviour
     except (spec.SpecError, DivergenceError, ValueError) as exc:
@@ -358,7 +358,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _subject(request: pytest.FixtureRequest) -> "harness.Subject":
-    from . import harness
+    from attnconf.conformance.engine import harness
 
     state = _state(request.config)
     item = request.node
@@ -444,7 +444,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    from . import harness  # noqa: F401
+    from attnconf.conformance.engine import harness  # noqa: F401
 
     state = _state(item.config)
     if state is None:
@@ -465,7 +465,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     state = _state(item.config)
     if state is None:
         return report
-    from . import harness
+    from attnconf.conformance.engine import harness
 
     if call.when == "setup" and report.skipped and _impl_of(item) != "-":
         status = item.stash.get(RESULT_KEY, {}).get("status", "unsupported")
@@ -521,8 +521,8 @@ def _with_record(report: pytest.TestReport, record: dict[str, Any], rec) -> pyte
 
 
 def _cause(state: RunState, rec: "harness.TestRecord", case, clause: str | None) -> tuple[str, tuple | None]:
-    """The failure's cause (conformance/causes.py) and, if its cause and clause have a saved case, that case."""
-    from . import causes
+    """The failure's cause (conformance/engine/causes.py) and, if its cause and clause have a saved case, that case."""
+    from attnconf.conformance.engine import causes
 
     if state.keeper is None:
         state.keeper = causes.Keeper()
@@ -535,7 +535,7 @@ def _cause(state: RunState, rec: "harness.TestRecord", case, clause: str | None)
 
 def _primary(exc: BaseException) -> BaseException:
     """The first conformance failure inside an exception group (Hypothesis reports several so)."""
-    from . import harness
+    from attnconf.conformance.engine import harness
 
     if isinstance(exc, BaseExceptionGroup):
         for sub in exc.exceptions:
@@ -678,7 +678,7 @@ def _environment(config: pytest.Config, state: RunState) -> dict[str, Any]:
             frameworks[d["framework"]] = d["version"]
     first = next(iter(described.values()), {})
     prof = settings.default
-    from .divergences import cpu_flags
+    from attnconf.conformance.engine.divergences import cpu_flags
 
     return {
         "suite_version": SUITE_VERSION, "git_revision": _git_revision(),
@@ -716,8 +716,8 @@ def _scope(adapter) -> dict[str, Any]:
 def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:
     from attnconf import spec
 
-    from .causes import group as group_causes
-    from .verdict import build_cells, decide, plan
+    from attnconf.conformance.engine.causes import group as group_causes
+    from attnconf.conformance.engine.verdict import build_cells, decide, plan
 
     state = _state(config)
     session = state.session
@@ -734,7 +734,7 @@ def _run_file(config: pytest.Config, *, final: bool) -> dict[str, Any]:
     observations = [o for o in observations if o["clause"] not in ("WITNESS",)]
     seen = {d for r in records for d in r["divergences"]}
     entries = {e["id"]: e for e in session.entries}
-    from .declared import examples as declared_examples
+    from attnconf.conformance.engine.declared import examples as declared_examples
     floor = spec.coverage()["min_examples"]
     impls = {a.name: {"kind": _kind(a), "dtypes": list(getattr(a, "dtypes", ())),
                       "features": sorted(getattr(a, "capabilities", ()))} for a in session.impls}
@@ -819,7 +819,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def ratio_tail(records: list[dict[str, Any]], name: str) -> str:
     """'; worst error ratio float32 0.412, float16 inf' for one implementation: NaN and inf (non-finite output
     where the reference is finite) count as the worst, and 3 significant digits never print a 1.75e6 as 0.00."""
-    from .harness import worst
+    from attnconf.conformance.engine.harness import worst
 
     out: dict[str, float] = {}
     for r in records:
@@ -855,7 +855,7 @@ def _write_run(path: Path, run: dict[str, Any]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    from .verdict import verdict_line
+    from attnconf.conformance.engine.verdict import verdict_line
 
     state = _state(config)
     if state is None or state.run is None:
@@ -894,7 +894,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             tr.write_line(f"  {r['status'].upper()} {r['nodeid']}: {r['message']}")
     for d in run["divergences"]:
         if d.get("declared"):
-            from .declared import sentence
+            from attnconf.conformance.engine.declared import sentence
 
             tr.write_line(f"  declared {sentence(d)}", red=bool(d.get("contradicted")))
             continue
