@@ -19,11 +19,9 @@ from attnconf.reference import Case
 if TYPE_CHECKING:
     from attnconf.reference.layer import LayerCase
 
-from attnconf.spec.vocabulary import CAPABILITIES  # noqa: E402  (re-exported: adapters name it here)
+from attnconf.spec.vocabulary import CAPABILITIES, DTYPES  # noqa: E402  (CAPABILITIES re-exported: adapters name it here)
 
-# What a declared scope says besides features (adapters/scope.py); `scope()` uses the same words.
-SCOPE_KEYS = ("dtypes", "grads", "dropout", "features", "head_dims", "max_seqlen", "deterministic",
-              "quantization", "accuracy")    # the last two: an approximate kernel's contract (adapters/accuracy_contract.py)
+from .scope import Scope  # noqa: E402
 
 
 class KernelError(Exception):
@@ -72,16 +70,18 @@ class Implementation:
     name: str = ""                      # implementation, e.g. "torch:sdpa-math"
     kind: str = ""                      # "sdpa" (Adapter) or "layer" (LayerAdapter)
     devices: tuple[str, ...] = ("cpu",)
-    dtypes: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")
+    dtypes: tuple[str, ...] = DTYPES
     capabilities: frozenset[str] = frozenset()
     head_dims: tuple[int, ...] | None = None   # the only head dims it runs (a declared scope's list)
     max_seqlen: int | None = None       # longest Lq or Lk it runs
     convention: str = ""                # how a --kernel is called ("sdpa", "flash_attn", ...); "" for built-ins
+    expressible: frozenset[str] | None = None   # all its convention can express (None: every capability)
+    outside_convention: tuple[str, ...] = ()    # what lies outside its convention, in words
     scope_source: str = "built-in"      # where the scope came from: "built-in", "full convention", an attribute, a file
     trusted: bool = True                # False for third-party kernels
     deterministic: bool = True          # False: declared nondeterministic (ATTN-DET-1 records its reruns' spread)
     example_budget: float = 1.0         # fraction of Hypothesis examples (COMPILES_PER_SHAPE: each new shape compiles)
-    lse_dtypes: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16")   # whose lse can be judged
+    lse_dtypes: tuple[str, ...] = DTYPES   # whose lse can be judged
     # features every case it runs must carry (a function that always reads sinks); only those the
     # strategies report offering can be required (conformance/strategies.py REQUIRABLE)
     requires: frozenset[str] = frozenset()
@@ -103,11 +103,6 @@ class Implementation:
     def __init__(self, device: str = "cpu"):
         self.device = device
 
-    def lacks(self, needed: set[str] | frozenset[str]) -> Literal[True] | str:
-        """True if every needed capability is declared, else the one-line reason."""
-        missing = sorted(set(needed) - self.capabilities)
-        return f"{self.name} lacks {', '.join(missing)}" if missing else True
-
     def describe(self) -> dict[str, Any]:
         """Framework, version, device, and the kernel that runs."""
         return {"backend": self.backend, "implementation": self.name, "device": self.device}
@@ -124,16 +119,12 @@ class Adapter(Implementation, metaclass=ABCMeta):
 
     # -- capability checks, derived from the declaration above ------------
     def supports(self, case: Case, *, need: frozenset[str] = frozenset()) -> Literal[True] | str:
-        """True, or a one-line reason why this implementation cannot run `case`."""
+        """True, or a one-line reason why this implementation cannot run `case`: outside its declared scope
+        (`Scope.fit`), an lse it cannot judge, or what `extra_support` says."""
         needed = self.requirements(case)
-        ok = self.lacks(needed | set(need))
-        if ok is not True:
-            return ok
-        if case.dtype not in self.dtypes:
-            return f"{self.name} does not run {case.dtype}"
-        if "lse" in need and (refusal := self.lse_refusal(case.dtype)):
+        reason = Scope.of(self).fit(case, need, requirements=needed)
+        if reason is True and "lse" in need and (refusal := self.lse_refusal(case.dtype)):
             return refusal
-        reason = self.limits_support(case, need)
         reason = reason if reason is not True else self.extra_support(case)
         if reason is True and self.requires - needed:
             # last, so that a case refused for another reason too is shown with that one: fitting adds
@@ -143,17 +134,8 @@ class Adapter(Implementation, metaclass=ABCMeta):
         return reason
 
     def limits_support(self, case: Case, need: frozenset[str] = frozenset()) -> Literal[True] | str:
-        """The declared limits: head dims (a maximum or a list), the longest sequence, and the contract's
-        length limits and representations (`need` says whether gradients are wanted)."""
-        s = case.shape
-        if self.max_head_dim is not None and max(s["Dk"], s["Dv"]) > self.max_head_dim:
-            return f"{self.name} supports head dim <= {self.max_head_dim}"
-        if self.head_dims is not None and not {s["Dk"], s["Dv"]} <= set(self.head_dims):
-            return f"{self.name} runs head dims {list(self.head_dims)} only"
-        if self.max_seqlen is not None and max(s["Lq"], s["Lk"]) > self.max_seqlen:
-            return f"{self.name} runs sequences up to {self.max_seqlen} only"
-        refused = self.contract.refusal(case, need) if self.contract is not None else None
-        return f"{self.name}: {refused}" if refused else True
+        """The declared limits (`Scope.within_limits`): head dims, the longest sequence, the contract's."""
+        return Scope.of(self).within_limits(case, need)
 
     def extra_support(self, case: Case) -> Literal[True] | str:
         """Hook for constraints the capability vocabulary cannot say."""
@@ -176,21 +158,7 @@ class Adapter(Implementation, metaclass=ABCMeta):
     def scope(self) -> dict[str, Any]:
         """The scope this implementation is certified in, in the words of a declaration (adapters/scope.py):
         dtypes, grads, dropout, features, limits, plus where it came from and what lies outside it."""
-        caps = set(self.capabilities)
-        limits: dict[str, Any] = {}
-        if self.head_dims is not None:
-            limits["head_dims"] = list(self.head_dims)
-        elif self.max_head_dim is not None:
-            limits["head_dims"] = {"max": self.max_head_dim}
-        if self.max_seqlen is not None:
-            limits["max_seqlen"] = self.max_seqlen
-        contract = {"contract": self.contract.as_dict()} if self.contract is not None else {}
-        return {**contract, "convention": self.convention or None, "source": self.scope_source,
-                "dtypes": [d for d in ("float64", "float32", "float16", "bfloat16") if d in self.dtypes],
-                "grads": "grads" in caps, "dropout": "dropout" in caps,
-                "features": sorted(caps - {"grads", "dropout"}), "limits": limits,
-                "not_covered": sorted(CAPABILITIES - caps - {"grads", "dropout"}), "outside_convention": [],
-                "deterministic": self.deterministic}
+        return Scope.of(self).as_dict()
 
 class LayerAdapter(Implementation):
     """The layer protocol (ATTN-MHA-1): a multi-head attention layer loaded with a LayerCase's weights.
@@ -204,13 +172,9 @@ class LayerAdapter(Implementation):
     kind = "layer"
 
     def supports_layer(self, lc: LayerCase) -> Literal[True] | str:
-        """True, or a one-line reason why this layer cannot run `lc`."""
-        ok = self.lacks(self.layer_requirements(lc))
-        if ok is not True:
-            return ok
-        if lc.dtype not in self.dtypes:
-            return f"{self.name} does not run {lc.dtype}"
-        return self.extra_layer_support(lc)
+        """True, or a one-line reason why this layer cannot run `lc` (`Scope.fit`, then `extra_layer_support`)."""
+        reason = Scope.of(self).fit(lc, requirements=self.layer_requirements(lc))
+        return reason if reason is not True else self.extra_layer_support(lc)
 
     def extra_layer_support(self, lc: LayerCase) -> Literal[True] | str:
         """Hook for constraints the capability vocabulary cannot say."""

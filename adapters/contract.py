@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnconf.reference import DTYPES
+from attnconf.spec.vocabulary import DTYPES, LAYOUTS
 
 BEHAVIOURS = {"empty_rows": ("nan", "zero", "mean_of_values"),
               "compute_dtype": ("bfloat16", "float16", "float32"),
@@ -39,7 +39,6 @@ REPRESENTATIONS = {
     "flashinfer_prefill": ("NHD", "HND", "contiguous", "noncontiguous"),
     "flashinfer_decode": ("NHD", "HND", "contiguous", "noncontiguous"),
 }
-LAYOUTS = ("contiguous", "noncontiguous", "broadcast_kv")
 ALIASES = {"block_table": "paged"}
 
 

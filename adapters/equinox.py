@@ -37,6 +37,7 @@ import equinox as eqx
 from equinox.nn import _attention as eqx_attention
 
 from attnconf.reference import Case, visibility
+from attnconf.spec.vocabulary import DTYPES
 
 from .base import COMPILES_PER_SHAPE, Adapter, KernelError, Result
 from .jax_common import enable_x64
@@ -91,7 +92,7 @@ class EqxDpaAdapter(Adapter):
     name = "equinox:dpa"
     example_budget = COMPILES_PER_SHAPE   # under jax.jit every new shape compiles (0.16-0.2 s an example)
     devices = ("cpu", "gpu")
-    dtypes = ("float64", "float32", "float16", "bfloat16")
+    dtypes = DTYPES
     capabilities = _DPA_CAPS
 
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import equinox as eqx
 
 from attnconf.reference import numpy_dtype
+from attnconf.spec.vocabulary import DTYPES
 
 from .base import KernelError, LayerAdapter
 from .jax_common import enable_x64
@@ -63,7 +64,7 @@ class EqxMhaAdapter(LayerAdapter):
     backend = "equinox"
     name = "equinox:mha"
     devices = ("cpu", "gpu")
-    dtypes = ("float64", "float32", "float16", "bfloat16")
+    dtypes = DTYPES
     capabilities = frozenset({"mask", "causal_top_left", "mask_with_causal", "cross"})
 
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):

@@ -44,6 +44,7 @@ import flax
 import flax.linen as nn
 
 from attnconf.reference import Case
+from attnconf.spec.vocabulary import DTYPES
 
 from .base import COMPILES_PER_SHAPE, Adapter, KernelError, Result
 from .jax_common import enable_x64
@@ -128,7 +129,7 @@ class LinenDpaAdapter(Adapter):
     backend = "flax"
     name = "flax:linen-dpa"
     devices = ("cpu", "gpu")
-    dtypes = ("float64", "float32", "float16", "bfloat16")
+    dtypes = DTYPES
     capabilities = _DPA_CAPS
     max_head_dim = None
     example_budget = COMPILES_PER_SHAPE   # flax's own function under jax.jit: every new shape compiles (0.2 s)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import flax.linen as nn
 
 from attnconf.reference import numpy_dtype
+from attnconf.spec.vocabulary import DTYPES
 
 from .base import KernelError, LayerAdapter
 from .jax_common import enable_x64
@@ -68,7 +69,7 @@ class LinenMhaAdapter(LayerAdapter):
     backend = "flax"
     name = "flax:linen-mha"
     devices = ("cpu", "gpu")
-    dtypes = ("float64", "float32", "float16", "bfloat16")
+    dtypes = DTYPES
     capabilities = frozenset({"mask", "causal_top_left", "mask_with_causal", "cross"})
 
     def __init__(self, device: str = "cpu", options: dict[str, Any] | None = None):

@@ -39,7 +39,7 @@ DEFAULT_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 180.0
 _DECLARATION = ("name", "backend", "devices", "dtypes", "capabilities", "max_head_dim", "head_dims", "max_seqlen",
                 "convention", "scope_source", "kind", "trusted", "example_budget", "lse_dtypes", "requires", "contract", "accuracy_contract",
-                "deterministic", "seeds_dropout")
+                "deterministic", "seeds_dropout", "expressible", "outside_convention")
 
 
 class KernelCrashed(KernelError):

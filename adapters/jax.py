@@ -25,6 +25,7 @@ import jax
 
 
 from attnconf.reference import Case
+from attnconf.spec.vocabulary import DTYPES, HALF_DTYPES
 
 from .base import COMPILES_PER_SHAPE, Adapter, KernelError, Result
 from .jax_common import enable_x64, jax_device, precision_context, to_jax, to_numpy
@@ -259,7 +260,7 @@ class XlaAdapter(JaxSdpaAdapter):
     # scales the count back up
     example_budget = COMPILES_PER_SHAPE
     devices = ("cpu", "gpu")
-    dtypes = ("float64", "float32", "float16", "bfloat16")
+    dtypes = DTYPES
     capabilities = _SDPA_CAPS | {"grads", "dbias", "lse"}
     max_head_dim = None
 
@@ -271,7 +272,7 @@ class CudnnAdapter(JaxSdpaAdapter):
     name = "jax:cudnn"
     implementation = "cudnn"
     devices = ("gpu",)
-    dtypes = ("float16", "bfloat16")
+    dtypes = HALF_DTYPES
     capabilities = _SDPA_CAPS
     max_head_dim = 256   # Hopper; 128 before Hopper (the probe says which)
     bias_full_length = True

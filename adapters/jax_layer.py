@@ -22,6 +22,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from attnconf.spec.vocabulary import DTYPES, HALF_DTYPES
+
 from .base import COMPILES_PER_SHAPE, KernelError, LayerAdapter
 from .jax_common import enable_x64, jax_device, precision_context, to_numpy
 
@@ -29,7 +31,7 @@ from .jax_common import enable_x64, jax_device, precision_context, to_numpy
 # Under jit JAX's attention raises on CPU in these dtypes: float16 always (JAX-XLA-CPU-F16-JIT-RAISES),
 # bfloat16 on 1x1 shapes ("Algorithm not supported by the ElementalIrEmitter: ALG_DOT_BF16_BF16_F32",
 # measured with jax 0.10.2; the eager call falls back to the default precision).
-OP_BY_OP = ("float16", "bfloat16")
+OP_BY_OP = HALF_DTYPES
 
 
 def _call(m, xq, xk, xv, mask, *, is_causal: bool):
@@ -50,7 +52,7 @@ class FlaxMhaAdapter(LayerAdapter):
     name = "jax:flax-mha"
     example_budget = COMPILES_PER_SHAPE   # every new shape compiles, under nnx.jit or op by op (0.1-0.8 s an example)
     devices = ("cpu", "gpu")
-    dtypes = ("float64", "float32", "float16", "bfloat16")
+    dtypes = DTYPES
     # inputs_q and inputs_k may differ in length; a mask combines with is_causal
     capabilities = frozenset({"mask", "causal_top_left", "cross", "mask_with_causal"})
 

@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 
 from attnconf.reference import Case
+from attnconf.spec.vocabulary import DTYPES
 
 from .base import Adapter, KernelError, NotSupported, Result
 from .onnx_graphs import (ELEM, GraphCache, Inexpressible, OpCall, attention_call, batch_element, from_bsd, gqa_call,
@@ -300,7 +301,7 @@ class ReferenceEvaluatorAdapter(OnnxAdapter):
 
     name = "onnx:reference"
     runtime = "onnx.reference.ReferenceEvaluator"
-    dtypes = ("float64", "float32", "float16", "bfloat16")
+    dtypes = DTYPES
     capabilities = _STANDARD | {"weights"}
 
     def call_for(self, case: Case) -> OpCall:

@@ -23,20 +23,33 @@ convention cannot express, an unknown key or an unknown name is a one-line
 `head_dims`, `max_head_dim` and `max_seqlen`, so every case outside it is
 recorded as unsupported (never as passed), and `Adapter.scope()` reports it in
 the same words for the certificate (`scope_sentence`).
+
+`Scope` is the one description of a scope, whoever holds it: `Scope.of(adapter)` reads
+an implementation's, `Scope.from_record(d)` a run file's. It answers the three
+questions every part of attnconf asks of a scope, each in one place: does this case
+fit (`fit`: True or the one-line reason, what `Adapter.supports` says), which
+features may generation draw (`allows`), and what is certified, in one sentence
+for the certificate (`words`, `sentence`).
 """
 from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from .base import CAPABILITIES, SCOPE_KEYS, Adapter
+from attnconf.spec.vocabulary import CAPABILITIES, DTYPES
+
 from .contract import CONTRACT_KEYS, Contract, ContractError
 from .contract import parse as parse_contract
 
+if TYPE_CHECKING:
+    from .base import Adapter
+
 ATTRIBUTE = "attnconf_capabilities"
-DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
+# What a declaration says besides features; `Scope.as_dict` uses the same words.
+SCOPE_KEYS = ("dtypes", "grads", "dropout", "features", "head_dims", "max_seqlen", "deterministic",
+              "quantization", "accuracy")    # the last two: an approximate kernel's contract (adapters/accuracy_contract.py)
 
 
 class ScopeError(ValueError):
@@ -57,17 +70,130 @@ class Scope:
     source: str = "built-in"
     contract: Contract | None = None  # documented behaviour and limits (adapters/contract.py)
     deterministic: bool = True
+    convention: str = ""              # the calling convention of a third-party kernel; "" for a built-in
+    expressible: frozenset[str] | None = None   # every feature its convention can express (None: all of them)
+    outside: tuple[str, ...] = ()     # what lies outside the convention, in words
+    name: str = ""                    # the implementation, named in the reasons `fit` gives
 
     @classmethod
-    def of(cls, adapter: Adapter) -> "Scope":
-        """The scope an adapter has now (for a kernel adapter: its convention's full scope)."""
-        caps = set(adapter.capabilities)
-        return cls(tuple(adapter.dtypes), "grads" in caps, "dropout" in caps,
-                   frozenset(caps - {"grads", "dropout"}), adapter.head_dims, adapter.max_head_dim,
-                   adapter.max_seqlen, adapter.scope_source, adapter.contract, adapter.deterministic)
+    def of(cls, impl: Any) -> "Scope":
+        """The scope an implementation has now (for a kernel adapter: its convention's full scope, or its
+        declaration once `declare` applied it)."""
+        caps = set(impl.capabilities)
+        return cls(tuple(impl.dtypes), "grads" in caps, "dropout" in caps, frozenset(caps - {"grads", "dropout"}),
+                   impl.head_dims, getattr(impl, "max_head_dim", None), impl.max_seqlen, impl.scope_source,
+                   impl.contract, impl.deterministic, impl.convention,
+                   getattr(impl, "expressible", None), tuple(getattr(impl, "outside_convention", ())), impl.name)
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> "Scope":
+        """The scope a run file recorded (`Adapter.scope()`'s words, limits nested or flattened); keys a
+        recorder left out take the widest value, so an old run file still reads."""
+        limits = {**d, **(d.get("limits") or {})}
+        head_dims, max_head_dim = limits.get("head_dims"), limits.get("max_head_dim")
+        if isinstance(head_dims, dict):
+            head_dims, max_head_dim = None, head_dims.get("max", max_head_dim)
+        features = set(d.get("features") or ())
+        grads = bool(d.get("grads")) or "grads" in features
+        dropout = bool(d.get("dropout")) or "dropout" in features
+        features -= {"grads", "dropout"}
+        expressible = (frozenset(features | set(d["not_covered"]) | {"grads", "dropout"})
+                       if d.get("not_covered") is not None else None)
+        return cls(tuple(x for x in DTYPES if x in (d.get("dtypes") or ())), grads, dropout, frozenset(features),
+                   tuple(head_dims) if head_dims else None, max_head_dim, limits.get("max_seqlen"),
+                   str(d.get("source") or "built-in"), None, d.get("deterministic") is not False,
+                   d.get("convention") or "", expressible, tuple(d.get("outside_convention") or ()))
+
+    def ordered_dtypes(self) -> list[str]:
+        return [d for d in DTYPES if d in self.dtypes]
 
     def capabilities(self) -> frozenset[str]:
         return self.features | ({"grads"} if self.grads else set()) | ({"dropout"} if self.dropout else set())
+
+    def allows(self, *features: str) -> bool:
+        """Whether the scope declares every one of `features` (what generation may draw)."""
+        return set(features) <= self.capabilities()
+
+    # ---- does a case fit ------------------------------------------------------------------
+    def fit(self, case: Any, need: frozenset[str] | set[str] = frozenset(), *,
+            requirements: set[str] | None = None) -> Literal[True] | str:
+        """True if `case` (a Case or a LayerCase) lies inside the scope, else the one-line reason: a feature it
+        lacks, its dtype, then its limits. `requirements` are the features the case exercises in the
+        implementation's terms (default `case.features()`); `need` what the test asks besides (lse, grads)."""
+        needed = (case.features() if requirements is None else set(requirements)) | set(need)
+        declares = "does not declare" if self.expressible is not None else None   # a kernel in a calling convention
+        missing = sorted(needed - self.capabilities())
+        if missing:
+            return f"{self.name} {declares or 'lacks'} {', '.join(missing)}"
+        if case.dtype not in self.dtypes:
+            return f"{self.name} {declares or 'does not run'} {case.dtype}"
+        return self.within_limits(case, need)
+
+    def within_limits(self, case: Any, need: frozenset[str] | set[str] = frozenset()) -> Literal[True] | str:
+        """The declared limits: head dims (a maximum or a list), the longest sequence, and the contract's
+        length limits and representations (`need` says whether gradients are wanted)."""
+        if self.max_head_dim is None and self.head_dims is None and self.max_seqlen is None and self.contract is None:
+            return True
+        s = case.shape
+        if self.max_head_dim is not None and max(s["Dk"], s["Dv"]) > self.max_head_dim:
+            return f"{self.name} supports head dim <= {self.max_head_dim}"
+        if self.head_dims is not None and not {s["Dk"], s["Dv"]} <= set(self.head_dims):
+            return f"{self.name} runs head dims {list(self.head_dims)} only"
+        if self.max_seqlen is not None and max(s["Lq"], s["Lk"]) > self.max_seqlen:
+            return f"{self.name} runs sequences up to {self.max_seqlen} only"
+        refused = self.contract.refusal(case, frozenset(need)) if self.contract is not None else None
+        return f"{self.name}: {refused}" if refused else True
+
+    # ---- what a run file records ------------------------------------------------------------
+    def limits(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.head_dims is not None:
+            out["head_dims"] = list(self.head_dims)
+        elif self.max_head_dim is not None:
+            out["head_dims"] = {"max": self.max_head_dim}
+        if self.max_seqlen is not None:
+            out["max_seqlen"] = self.max_seqlen
+        return out
+
+    def not_covered(self) -> list[str]:
+        """Features the convention (or, for a built-in, the spec) could express that this scope leaves out."""
+        return sorted((CAPABILITIES if self.expressible is None else self.expressible)
+                      - self.capabilities() - {"grads", "dropout"})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The scope in the words of a declaration (what `Adapter.scope()` returns and the run file keeps)."""
+        contract = {"contract": self.contract.as_dict()} if self.contract is not None else {}
+        return {**contract, "convention": self.convention or None, "source": self.source,
+                "dtypes": self.ordered_dtypes(), "grads": self.grads, "dropout": self.dropout,
+                "features": sorted(self.features), "limits": self.limits(), "not_covered": self.not_covered(),
+                "outside_convention": list(self.outside), "deterministic": self.deterministic}
+
+    # ---- the certificate's words ----------------------------------------------------------
+    def words(self) -> tuple[str, str]:
+        """(what is certified, what is not covered) in plain words: "float16/bfloat16, forward only, ...",
+        "float64, float32, gradients, ...; outside the flash_attn convention: ..." ("nothing" if nothing)."""
+        parts = ["/".join(self.ordered_dtypes()) or "no dtype", "forward and gradients" if self.grads else "forward only",
+                 "dropout" if self.dropout else "no dropout"]
+        parts += [FEATURE_WORDS.get(f, f) for f in sorted(self.features)]
+        if self.head_dims is not None:
+            parts.append("head dims " + "/".join(map(str, self.head_dims)))
+        elif self.max_head_dim is not None:
+            parts.append(f"head dim <= {self.max_head_dim}")
+        if self.max_seqlen:
+            parts.append(f"sequences up to {self.max_seqlen}")
+        if not self.deterministic:
+            parts.append("declared nondeterministic (reruns not required to be bitwise equal; their spread is recorded)")
+        missing = [d for d in DTYPES if d not in self.dtypes] + ([] if self.grads else ["gradients"])
+        missing += [FEATURE_WORDS.get(f, f) for f in self.not_covered()]
+        text = ", ".join(missing) or "nothing"
+        if self.outside:
+            text += f"; outside the {self.convention or 'calling'} convention: " + ", ".join(self.outside)
+        return ", ".join(parts), text
+
+    def sentence(self) -> str:
+        """One sentence for a certificate: "certified for ...; not covered: ...; outside the ... convention: ..."."""
+        certified, missing = self.words()
+        return f"certified for {certified}; not covered: {missing}"
 
 
 def _names(value: Any, what: str, source: str) -> list[str]:
@@ -110,15 +236,15 @@ def parse(decl: Any, *, source: str, full: Scope, expressible: frozenset[str] | 
     dtypes = full.dtypes
     if "dtypes" in decl:
         names = _names(decl["dtypes"], "dtypes", source)
-        bad = [n for n in names if n not in DTYPE_NAMES]
+        bad = [n for n in names if n not in DTYPES]
         if bad:
-            raise ScopeError(f"{source}: unknown dtype(s) {', '.join(bad)}; known: {', '.join(DTYPE_NAMES)}")
+            raise ScopeError(f"{source}: unknown dtype(s) {', '.join(bad)}; known: {', '.join(DTYPES)}")
         if not names:
             raise ScopeError(f"{source}: 'dtypes' is empty: a kernel that runs no dtype cannot be certified")
         outside = [n for n in names if n not in full.dtypes]
         if outside:
             raise ScopeError(f"{source}: the {convention} convention does not run {', '.join(outside)}")
-        dtypes = tuple(d for d in DTYPE_NAMES if d in names)
+        dtypes = tuple(d for d in DTYPES if d in names)
 
     features = full.features
     listed: set[str] = set()
@@ -240,27 +366,5 @@ FEATURE_WORDS = {
 
 
 def scope_sentence(scope: dict[str, Any]) -> str:
-    """One sentence for a certificate from `Adapter.scope()`:
-    "certified for float16/bfloat16, forward only, ...; not covered: ...; outside the convention: ..."."""
-    parts = ["/".join(scope["dtypes"]), "forward and gradients" if scope["grads"] else "forward only"]
-    parts.append("dropout" if scope["dropout"] else "no dropout")
-    parts += [FEATURE_WORDS.get(f, f) for f in scope["features"]]
-    limits = scope.get("limits") or {}
-    hd = limits.get("head_dims")
-    if isinstance(hd, dict):
-        parts.append(f"head dim <= {hd['max']}")
-    elif hd:
-        parts.append("head dims " + "/".join(map(str, hd)))
-    if limits.get("max_seqlen"):
-        parts.append(f"sequences up to {limits['max_seqlen']}")
-    if scope.get("deterministic") is False:
-        parts.append("declared nondeterministic (reruns not required to be bitwise equal; their spread is recorded)")
-    text = "certified for " + ", ".join(parts)
-    missing = [d for d in DTYPE_NAMES if d not in scope["dtypes"]]
-    missing += [] if scope["grads"] else ["gradients"]
-    missing += [FEATURE_WORDS.get(f, f) for f in scope.get("not_covered", []) if f not in ("grads", "dropout")]
-    if missing:
-        text += "; not covered: " + ", ".join(missing)
-    if scope.get("outside_convention"):
-        text += f"; outside the {scope.get('convention')} convention: " + ", ".join(scope["outside_convention"])
-    return text
+    """The certificate's sentence for a recorded scope (`Adapter.scope()`, a run file's `scopes` entry)."""
+    return Scope.from_record(scope).sentence()

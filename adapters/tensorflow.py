@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from attnconf.reference import Case, visibility
+from attnconf.spec.vocabulary import DTYPES
 
 from .base import COMPILES_PER_SHAPE, Adapter, KernelError, Result
 from .callable import CallableAdapter
@@ -66,7 +67,7 @@ class KerasOpAdapter(Adapter):
     backend = "tensorflow"
     name = "tensorflow:keras-eager"
     devices = ("cpu", "gpu")
-    dtypes = ("float64", "float32", "float16", "bfloat16")
+    dtypes = DTYPES
     capabilities = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "q_lengths",
                               "kv_lengths", "gqa", "custom_scale", "dv_ne_dk", "cross", "mask_with_causal",
                               "grads", "dbias"})

@@ -19,10 +19,11 @@ from typing import Any, Literal
 import numpy as np
 import tensorflow as tf
 
+from attnconf.spec.vocabulary import DTYPES
+
 from .base import KernelError, LayerAdapter
 from .tensorflow_common import device_string, error_line, keras_module, to_tensor, versions
 
-LAYER_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
 def keras_weights(lc: Any) -> list[np.ndarray]:
@@ -45,7 +46,7 @@ class KerasMHAAdapter(LayerAdapter):
     backend = "tensorflow"
     name = "tensorflow:keras-mha"
     devices = ("cpu", "gpu")
-    dtypes = LAYER_DTYPES
+    dtypes = DTYPES
     capabilities = frozenset({"mask", "causal_top_left", "cross", "mask_with_causal"})
     return_scores = False
 

@@ -51,6 +51,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from attnconf.reference import Case, numpy_dtype, round_to, visibility
+from attnconf.spec.vocabulary import DTYPES
 
 from .base import Adapter, KernelError, Result
 from .callable import CallableAdapter
@@ -60,7 +61,6 @@ FRAMEWORK = "tinygrad"
 INSTALL_HINT = "pip install tinygrad, and a C compiler for its CPU device: apt-get install clang"
 DEVICES = ("cpu",)
 TG_DEVICE = "CPU"
-ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
 CAPS = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "q_lengths", "kv_lengths", "gqa",
                   "custom_scale", "dv_ne_dk", "cross", "mask_with_causal", "dropout", "grads", "dbias",
                   "noncontiguous", "broadcast_kv"})
@@ -147,7 +147,7 @@ def device_state() -> dict[str, Any]:
         why = _first_error(cap.text) or f"{type(err).__name__}: {str(err).splitlines()[0]}"
         unsupported["bfloat16"] = (f"tinygrad's clang renderer emits the __bf16 C type, which {compiler_version()} "
                                    f"rejects ({why}; tinygrad#6909)")
-    _STATE.update(dtypes=tuple(d for d in ALL_DTYPES if d not in unsupported), unsupported=unsupported)
+    _STATE.update(dtypes=tuple(d for d in DTYPES if d not in unsupported), unsupported=unsupported)
     return _STATE
 
 

@@ -23,10 +23,11 @@ except ImportError:  # pragma: no cover (depends on the installed torch)
     AuxRequest = None
 
 from attnconf.reference import Case
+from attnconf.spec.vocabulary import DTYPES
 
 from .base import KernelError, Result
 from .torch_convert import dtype_name, to_numpy, to_tensor
-from .torch_sdpa import ALL_DTYPES, TorchAdapter, _clean, _equal_over_batch, _input
+from .torch_sdpa import TorchAdapter, _clean, _equal_over_batch, _input
 
 FLEX_CAPS = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "q_lengths", "kv_lengths",
                        "gqa", "custom_scale", "dv_ne_dk", "cross", "mask_with_causal", "lse", "grads", "dbias",
@@ -48,7 +49,7 @@ class FlexAdapter(TorchAdapter):
     # Eager flex on CPU runs its unfused path at ~40 ms a call (measured): a third of the examples.
     example_budget = 0.3
     devices = ("cpu", "cuda")
-    dtypes_by_device = {"cpu": ALL_DTYPES, "cuda": ("float32", "float16", "bfloat16")}
+    dtypes_by_device = {"cpu": DTYPES, "cuda": ("float32", "float16", "bfloat16")}
     capabilities = FLEX_CAPS
     cpu_lacks = frozenset({"grads", "dbias"})   # eager flex on CPU has no backward
 

@@ -14,16 +14,18 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from attnconf.spec.vocabulary import DTYPES
+
 from .base import KernelError, LayerAdapter
 from .torch_convert import device_info, to_numpy, to_tensor
-from .torch_sdpa import ALL_DTYPES, _clean
+from .torch_sdpa import _clean
 
 
 class MhaAdapter(LayerAdapter):
     backend = "torch"
     name = "torch:mha"
     devices = ("cpu", "cuda")
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
     # mask and top-left causal are folded into one blocked mask, so they combine
     capabilities = frozenset({"mask", "causal_top_left", "cross", "mask_with_causal"})
 

@@ -20,12 +20,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnconf.reference import Case
+from attnconf.spec.vocabulary import DTYPES, HALF_DTYPES
 
 from .base import Adapter, KernelError, NotSupported, Result
 from .sdpa_convention import fold_mask
 from .torch_convert import dtype_name, device_info, to_numpy, to_tensor
 
-ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
 SDPA_CAPS = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "q_lengths", "kv_lengths",
                        "gqa", "custom_scale", "dv_ne_dk", "cross", "mask_with_causal", "grads",
                        "dropout", "noncontiguous", "broadcast_kv"})
@@ -68,7 +68,7 @@ class SdpaAdapter(TorchAdapter):
 
     sdp_backend: ClassVar[SDPBackend]
     fused_op: ClassVar[str] = ""                       # substring of the aten op that must run
-    dtypes_by_device: ClassVar[dict[str, tuple[str, ...]]] = {"cpu": ALL_DTYPES, "cuda": ALL_DTYPES}
+    dtypes_by_device: ClassVar[dict[str, tuple[str, ...]]] = {"cpu": DTYPES, "cuda": DTYPES}
     capabilities = SDPA_CAPS | {"dbias"}
     # what the forced backend refuses on a device, every time (torch._fused_sdp_choice's reasons)
     lacks_by_device: ClassVar[dict[str, frozenset[str]]] = {}
@@ -222,7 +222,7 @@ class SdpaFlash(SdpaAdapter):
     sdp_backend = SDPBackend.FLASH_ATTENTION
     fused_op = "_scaled_dot_product_flash_attention"
     devices = ("cpu", "cuda")
-    dtypes_by_device = {"cpu": ALL_DTYPES, "cuda": ("float16", "bfloat16")}
+    dtypes_by_device = {"cpu": DTYPES, "cuda": HALF_DTYPES}
     capabilities = SDPA_CAPS            # no dbias: the flash kernels take no attn_mask gradient
     lacks_by_device = {
         # the CPU flash kernel takes no dropout: torch._fused_sdp_choice refuses every case with
@@ -252,7 +252,7 @@ class SdpaCudnn(SdpaAdapter):
     sdp_backend = SDPBackend.CUDNN_ATTENTION
     fused_op = "_scaled_dot_product_cudnn_attention"
     devices = ("cuda",)
-    dtypes_by_device = {"cuda": ("float16", "bfloat16")}
+    dtypes_by_device = {"cuda": HALF_DTYPES}
     capabilities = SDPA_CAPS
 
 

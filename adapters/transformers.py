@@ -79,6 +79,7 @@ from transformers.models.gpt_oss import modeling_gpt_oss
 from transformers.models.llama import modeling_llama
 
 from attnconf.reference import Case, visibility
+from attnconf.spec.vocabulary import DTYPES
 
 from .base import Adapter, KernelError, Result
 from .torch_convert import TORCH_DTYPES, device_info, dtype_name, set_precision, to_numpy, to_tensor
@@ -88,7 +89,6 @@ FRAMEWORK = "torch"
 INSTALL_HINT = "pip install transformers (next to torch==2.13.0; measured with transformers==5.23.0)"
 DEVICES = ("cpu",)
 MEASURED_VERSION = "5.23.0"
-ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 BASE_CAPS = frozenset({"mask", "bias", "causal_top_left", "causal_bottom_right", "kv_lengths", "gqa",
                        "custom_scale", "dv_ne_dk", "cross", "mask_with_causal", "noncontiguous", "broadcast_kv",
@@ -258,7 +258,7 @@ class TransformersAdapter(Adapter):
 
     backend = "transformers"
     kind = "sdpa"
-    dtypes = ALL_DTYPES
+    dtypes = DTYPES
     config_class: type = MistralConfig
     interface_key = ""                       # key of ALL_ATTENTION_FUNCTIONS ("eager": the model's own function)
     mask_key = ""                            # config._attn_implementation, which picks the mask interface

@@ -13,6 +13,7 @@ import numpy as np
 from attnconf.conformance.engine import tolerance as T
 from attnconf.conformance.engine.alternatives import FORWARD, Verdict, _exact, _judge_against, _judged, alternative
 from attnconf.reference import Case, expand_kv, numpy_dtype, oracle
+from attnconf.spec.vocabulary import HALF_DTYPES
 
 
 # ---- the contrib operators: scale 0 is the default's sentinel ----------------------------------------
@@ -161,7 +162,7 @@ def _judge_evaluator(alt: Case, case: Case, res, masks) -> Verdict:
     error and that of naive_half_softmax (the evaluator's softmax runs in the input dtype)."""
     from attnconf.reference import baseline_error  # noqa: PLC0415
 
-    if case.dtype not in ("float16", "bfloat16") or "out" not in masks:
+    if case.dtype not in HALF_DTYPES or "out" not in masks:
         return _judge_against(alt, case, res, masks)
     ref = oracle(alt).out
     with np.errstate(invalid="ignore"):

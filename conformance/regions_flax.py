@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.reference import Case, expand_kv, visibility
+from attnconf.spec.vocabulary import HALF_DTYPES
 
 from attnconf.conformance.engine.regions import region
 
@@ -45,4 +46,4 @@ def float16_logit_overflow_rows(case: Case) -> np.ndarray | bool:
 
 @region
 def dtype_half(case: Case) -> bool:
-    return case.dtype in ("float16", "bfloat16")
+    return case.dtype in HALF_DTYPES

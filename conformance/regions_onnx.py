@@ -13,6 +13,7 @@ import numpy as np
 from attnconf.adapters.onnx_graphs import Inexpressible, attention_call, mha_call
 from attnconf.conformance.engine.regions import case_region, region
 from attnconf.reference import Case, oracle
+from attnconf.spec.vocabulary import HALF_DTYPES
 
 
 @case_region
@@ -323,7 +324,7 @@ def float64_scale_or_softcap_attribute(case: Case) -> bool:
 def ref_half_precision_rows(case: Case) -> np.ndarray | bool:
     """Every row of a float16 or bfloat16 case, except rows and cases other reference-evaluator entries
     cover (hidden-logit and visible-logit overflow rows; negative scale; causal frontier from the mask)."""
-    if getattr(case, "dtype", None) not in ("float16", "bfloat16") or not hasattr(case, "q") or case.q.ndim != 4:
+    if getattr(case, "dtype", None) not in HALF_DTYPES or not hasattr(case, "q") or case.q.ndim != 4:
         return False
     if _ref_other_entries(case):
         return False

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnconf.spec.vocabulary import HALF_DTYPES
+
 from .attention import expand_kv, oracle
 from .backward import reduce_to_shape
 from .case import Case
@@ -31,7 +33,7 @@ from .emulate_backward import largest_gradient_errors
 
 def naive_backward_half_accumulation(case: Case, order: str = "ascending", scaling: str = "q") -> dict[str, np.ndarray]:
     """{"dq", "dk", "dv"[, "dbias"]} (float64) of the half-accumulating naive backward in `order` and `scaling`."""
-    if case.dtype not in ("float16", "bfloat16"):
+    if case.dtype not in HALF_DTYPES:
         raise ValueError(f"half accumulation concerns float16 and bfloat16, not {case.dtype}")
     if case.grad_out is None:
         raise ValueError("the case has no grad_out; build it with grad_out=... to get gradients")

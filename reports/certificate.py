@@ -16,9 +16,10 @@ from typing import Any
 from attnconf.reports import badge
 from attnconf.reports.causes import cause_line
 from attnconf.reports.markdown import md
-from attnconf.reports.merge import (ALL_DTYPES, Clause, environment_rows, format_ratio, load_clauses, scope_sentence,
-                                    worst_ratio)
+from attnconf.adapters.scope import Scope
+from attnconf.reports.merge import Clause, environment_rows, format_ratio, load_clauses, worst_ratio
 from attnconf.reports.runfile import encode
+from attnconf.spec.vocabulary import ANY_DTYPE, DTYPES
 
 CERTIFICATE_VERSION = 2
 def slug(run: dict[str, Any]) -> str:
@@ -47,7 +48,7 @@ def build(run: dict[str, Any], clauses: list[Clause] | None = None) -> dict[str,
                                                           c["dtype"]))
     scopes = {}
     for name, scope in (env.get("scopes") or {}).items():
-        certified, missing = scope_sentence(scope)
+        certified, missing = Scope.from_record(scope).words()
         scopes[name] = {"declared": scope, "certified_for": certified, "not_covered": missing}
     by_state: dict[str, list[str]] = {}
     for c in cells:
@@ -111,7 +112,7 @@ def render_markdown(cert: dict[str, Any], clauses: list[Clause] | None = None) -
     lines += ["", "### Clause x dtype cells", "",
               "Status per cell (examples checked / covered by a divergence / out of scope); "
               f"the coverage floor is {v.get('floor', '?')} checked examples per cell.", ""]
-    dtypes = [d for d in (*ALL_DTYPES, "any") if any(c["dtype"] == d for c in cert["cells"])]
+    dtypes = [d for d in (*DTYPES, ANY_DTYPE) if any(c["dtype"] == d for c in cert["cells"])]
     impls = sorted({c["implementation"] for c in cert["cells"]})
     sym = {"conformant": "✅", "divergent": "⚠️", "failing": "❌", "unsupported": "➖", "below_floor": "◔",
            "not_run": "·"}

@@ -10,7 +10,8 @@ import html
 import re
 from typing import Any
 
-from attnconf.reports.merge import ANY_DTYPE, Cell, Report, environment_rows, format_ratio
+from attnconf.reports.merge import Cell, Report, environment_rows, format_ratio
+from attnconf.spec.vocabulary import ANY_DTYPE
 from attnconf.reports.plots import ratio_plots
 
 SYMBOLS = {"conformant": "✓", "divergent": "◐", "unsupported": "–", "failing": "✗", "below_floor": "◔",

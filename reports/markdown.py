@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnconf.reports.merge import ANY_DTYPE, FAILING, Report, environment_rows, format_ratio
+from attnconf.reports.merge import Report, environment_rows, format_ratio
+from attnconf.spec.vocabulary import ANY_DTYPE, FAILING
 
 SYMBOLS = {
     "conformant": "✅",
@@ -111,13 +112,10 @@ def failure_lines(report: Report) -> list[str]:
 
 
 def scope_text(run: dict[str, Any]) -> str:
-    from attnconf.reports.merge import scope_sentence
+    from attnconf.adapters.scope import Scope
 
-    parts = []
-    for name, scope in (run["environment"].get("scopes") or {}).items():
-        certified, missing = scope_sentence(scope)
-        parts.append(f"{name}: {certified}; not covered: {missing}")
-    return "; ".join(parts)
+    return "; ".join(f"{name}: {Scope.from_record(scope).sentence()}"
+                     for name, scope in (run["environment"].get("scopes") or {}).items())
 
 
 def divergence_lines(report: Report) -> list[str]:

@@ -24,14 +24,12 @@ from typing import Any, Iterable
 import numpy as np
 
 from attnconf.reports.runfile import RunFileError
+from attnconf.spec.vocabulary import ANY_DTYPE, CELL_STATES, DTYPES, FAILING
 
 SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
 
-FAILING = ("fail", "error", "crashed", "timeout")
-STATES = ("failing", "divergent", "below_floor", "not_run", "conformant", "unsupported")
-_RANK = {"failing": 6, "divergent": 5, "below_floor": 4, "not_run": 3, "conformant": 2, "unsupported": 1, None: 0}
-ANY_DTYPE = "any"
-_DTYPE_ORDER = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3, ANY_DTYPE: 4}
+_RANK = {state: len(CELL_STATES) - i for i, state in enumerate(CELL_STATES)} | {None: 0}   # worst first
+_DTYPE_ORDER = {d: i for i, d in enumerate((*DTYPES, ANY_DTYPE))}
 
 
 @dataclass(frozen=True)
@@ -369,44 +367,3 @@ def environment_rows(run: dict[str, Any]) -> list[tuple[str, str]]:
         ("implementations", ", ".join((env.get("implementations") or {}).keys())),
     ]
     return [(k, v) for k, v in rows if v]
-
-
-FEATURE_WORDS = {
-    "mask": "boolean masks", "bias": "additive bias", "causal_top_left": "causal top-left",
-    "causal_bottom_right": "causal bottom-right", "window_top_left": "sliding window (top-left)",
-    "window_bottom_right": "sliding window (bottom-right)", "softcap": "softcap", "alibi": "ALiBi",
-    "sinks": "attention sinks", "gqa": "GQA/MQA", "q_lengths": "query padding", "kv_lengths": "key padding",
-    "custom_scale": "custom scale", "dv_ne_dk": "Dv != Dk", "cross": "Lq != Lk", "mask_with_causal": "mask with causal",
-    "lse": "log-sum-exp", "dropout": "dropout", "noncontiguous": "non-contiguous inputs",
-    "broadcast_kv": "stride-0 K/V", "varlen": "variable-length packing", "paged": "paged KV cache",
-    "dbias": "bias gradient", "weights": "attention weights"}
-ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
-
-
-def scope_sentence(scope: dict[str, Any]) -> tuple[str, str]:
-    """("certified for ...", "not covered: ...") in plain words, from an implementation's declared scope."""
-    dtypes = [d for d in ALL_DTYPES if d in (scope.get("dtypes") or [])]
-    feats = set(scope.get("features") or [])
-    grads = "grads" in feats or scope.get("grads") is True
-    if scope.get("dropout") is True:
-        feats.add("dropout")
-    dims = scope.get("head_dims")
-    if isinstance(dims, dict):
-        scope = {**scope, "max_head_dim": dims.get("max"), "head_dims": None}
-    have = [FEATURE_WORDS[f] for f in FEATURE_WORDS if f in feats]
-    lacking = [FEATURE_WORDS[f] for f in FEATURE_WORDS if f not in feats]
-    lacking_dt = [d for d in ALL_DTYPES if d not in dtypes]
-    limits = []
-    if scope.get("max_head_dim"):
-        limits.append(f"head dim <= {scope['max_head_dim']}")
-    if scope.get("head_dims"):
-        limits.append(f"head dims {scope['head_dims']}")
-    if scope.get("max_seqlen"):
-        limits.append(f"sequence length <= {scope['max_seqlen']}")
-    certified = (f"{'/'.join(dtypes) or 'no dtype'}, {'forward and backward' if grads else 'forward only'}"
-                 + (", " + ", ".join(have) if have else "") + (f" ({'; '.join(limits)})" if limits else ""))
-    missing = ", ".join(lacking_dt + ([] if grads else ["gradients"]) + lacking) or "nothing"
-    if scope.get("outside_convention"):
-        missing += f"; outside the {scope.get('convention') or 'calling'} convention: " + ", ".join(
-            FEATURE_WORDS.get(f, str(f)) for f in scope["outside_convention"])
-    return certified, missing

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnconf.spec.vocabulary import DTYPES
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                 reason="the bug catalogue is written in torch, which is not installed")
 
@@ -52,7 +54,7 @@ def random_case(seed: int = 0, *, B=2, Hq=4, Hkv=2, Lq=13, Lk=37, Dk=8, Dv=8, dt
 
 # ---- the catalogue against the reference (fast) ---------------------------------
 @pytest.mark.parametrize("name", CORRECT)
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_correct_kernel_matches_reference(name, dtype):
     rng = np.random.default_rng(1)
     for i in range(12):

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnconf.spec.vocabulary import DTYPES
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                 reason="the convention catalogue is written in torch, which is not installed")
 
@@ -83,7 +85,7 @@ CONTROL_CASES = {
 
 
 @pytest.mark.parametrize("module, name", CONTROLS)
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_correct_kernel_matches_reference(module, name, dtype):
     a = adapter(module, name, CORRECT[name])
     ran = 0

@@ -13,6 +13,7 @@ from attnconf.conformance.engine.tolerance import judge_gradients
 from attnconf.reference import Case
 from attnconf.reference.backward import backward
 from attnconf.reference.emulate_half_backward import naive_backward_half_accumulation
+from attnconf.spec.vocabulary import HALF_DTYPES
 
 ENTRY = {"instead": "half_accumulation_gradients", "quantities": ["dv"], "bound": 1.0}
 
@@ -32,7 +33,7 @@ def _check(case: Case, grads: dict[str, np.ndarray]) -> alternatives.Verdict:
     return alternatives.ALTERNATIVES["half_accumulation_gradients"].check(ENTRY, case, res, masks)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_the_half_accumulating_backward_fails_the_spec_and_passes_the_alternative(dtype):
     case = _case(dtype)
     half = naive_backward_half_accumulation(case, "ascending", "logits")

@@ -32,12 +32,12 @@ import numpy as np
 import torch
 
 from attnconf.reference import Case
+from attnconf.spec.vocabulary import DTYPES
 
 from ..base import Adapter, ConventionViolation, KernelError, NotSupported, Result
 from ..contract import is_refusal
+from ..scope import Scope
 from ..torch_convert import device_info, dtype_name, limit_threads, to_numpy, to_tensor
-
-ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
 # ---- alignment ---------------------------------------------------------------------------
@@ -93,7 +93,7 @@ class Convention:
     features: frozenset[str]                     # all it can express (grads and dropout included)
     default: frozenset[str]                      # an undeclared kernel's scope
     outside: tuple[str, ...]                     # what lies outside it, in words
-    dtypes: tuple[str, ...] = ALL_DTYPES
+    dtypes: tuple[str, ...] = DTYPES
     max_head_dim: int | None = None
     notes: dict[str, str] = field(default_factory=dict)
     writes: tuple[str, ...] = ()      # arguments the convention lets the kernel write (a KV cache's appends)
@@ -161,6 +161,7 @@ class ConventionAdapter(Adapter):
         self.convention = conv.name
         self.dtypes = conv.dtypes
         self.capabilities = conv.default
+        self.expressible, self.outside_convention = conv.features, tuple(conv.outside)
         self.max_head_dim = conv.max_head_dim
         self.scope_source = f"full {conv.name} convention (no declaration)"
         self.accuracy_contract = conv.accuracy_contract
@@ -180,21 +181,11 @@ class ConventionAdapter(Adapter):
         reason = self.conv.expressible(case)
         if reason is not True:
             return f"outside the {self.conv.name} convention: {reason}"
-        missing = sorted(reqs - self.capabilities)
-        if missing:
-            return f"{self.name} does not declare {', '.join(missing)}"
-        if case.dtype not in self.dtypes:
-            return f"{self.name} does not declare {case.dtype}"
-        reason = self.limits_support(case, frozenset(need))
+        reason = Scope.of(self).fit(case, need, requirements=reqs)   # the declared scope
         return reason if reason is not True else self.extra_support(case)
 
     def scope(self) -> dict[str, Any]:
-        s = super().scope()
-        covered = set(self.capabilities)
-        s["not_covered"] = sorted(self.conv.features - covered - {"grads", "dropout"})
-        s["outside_convention"] = list(self.conv.outside)
-        s["entry_point"] = self.conv.entry
-        return s
+        return {**super().scope(), "entry_point": self.conv.entry}
 
     # -- running ------------------------------------------------------------------------
     def run(self, case: Case, *, grads: bool = False) -> Result:

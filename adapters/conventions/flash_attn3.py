@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from attnconf.reference import Case
+from attnconf.spec.vocabulary import HALF_DTYPES
 
 from ..base import NotSupported, Result
 from .common import Convention, ConventionAdapter, lse_to_spec
@@ -121,4 +122,4 @@ class FlashAttn3(Convention):
 
 CONVENTION = FlashAttn3(
     name="flash_attn3", entry="flash_attn_interface.flash_attn_func (hopper)", keywords=KEYWORDS, features=FEATURES,
-    default=FEATURES - {"dv_ne_dk"}, outside=OUTSIDE, dtypes=("float16", "bfloat16"), max_head_dim=256)
+    default=FEATURES - {"dv_ne_dk"}, outside=OUTSIDE, dtypes=HALF_DTYPES, max_head_dim=256)

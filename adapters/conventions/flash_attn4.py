@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from attnconf.reference import Case
+from attnconf.spec.vocabulary import HALF_DTYPES
 
 from ..base import ConventionViolation, Result
 from .common import Convention, ConventionAdapter, lse_to_spec
@@ -90,4 +91,4 @@ class FlashAttn4(Convention):
 
 CONVENTION = FlashAttn4(
     name="flash_attn4", entry="flash_attn.cute.flash_attn_func", keywords=KEYWORDS, features=FEATURES,
-    default=FEATURES - {"dv_ne_dk"}, outside=OUTSIDE, dtypes=("float16", "bfloat16"), max_head_dim=256)
+    default=FEATURES - {"dv_ne_dk"}, outside=OUTSIDE, dtypes=HALF_DTYPES, max_head_dim=256)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnconf.reference import Case
+from attnconf.spec.vocabulary import HALF_DTYPES
 
 from ..base import Result
 from .common import Convention, ConventionAdapter
@@ -71,4 +72,4 @@ class SageAttn(Convention):
 
 CONVENTION = SageAttn(
     name="sageattn", entry="sageattention.sageattn", keywords=KEYWORDS, features=FEATURES,
-    default=FEATURES, outside=OUTSIDE, dtypes=("float16", "bfloat16"), max_head_dim=128, accuracy_contract=CONTRACT)
+    default=FEATURES, outside=OUTSIDE, dtypes=HALF_DTYPES, max_head_dim=128, accuracy_contract=CONTRACT)

@@ -26,14 +26,12 @@ import numpy as np
 
 from attnconf.adapters import Result
 from attnconf.reference import Case, baseline_error, oracle
+from attnconf.spec.vocabulary import DTYPES, FAILING
 
 from attnconf.conformance.engine import alternatives
 from attnconf.conformance.engine import tolerance as T
 
-FAILING = ("fail", "error", "crashed", "timeout")
 UNEXPLAINED = "unexplained"
-# precisions from the most to the least accurate: a lower-precision hypothesis is tried only below the case's own
-PRECISIONS = ("float64", "float32", "float16", "bfloat16")
 BLOCKS = (16, 32, 64, 128)          # key blocks a kernel may pad with zero keys it then attends
 OTHERS = 8                          # other calls of the failing test tried when the failing case's output is not explained
 
@@ -126,7 +124,7 @@ def _computed_in(dtype: str) -> Callable[[Case, np.ndarray], bool]:
     """The tolerance model at `dtype`: c_max x the error of a naive `dtype` implementation on the same inputs
     plus the distance between the `dtype`-rounded problem's reference and this one's."""
     def explains(case: Case, out: np.ndarray) -> bool:
-        if PRECISIONS.index(dtype) <= PRECISIONS.index(case.dtype):
+        if DTYPES.index(dtype) <= DTYPES.index(case.dtype):   # widest first: only a precision below the case's
             return False
         low = case.replace(dtype=dtype)
         ref, ref_low = oracle(case).out, oracle(low).out

@@ -15,11 +15,11 @@ import numpy as np
 from attnconf.adapters.base import Result
 from attnconf.reference import Case, attention, expand_kv, round_to
 from attnconf.reference.attention import Forward
+from attnconf.spec.vocabulary import HALF_DTYPES
 
 from .variant_bugs import VariantKernel
 
 BUGS: dict[str, type] = {}
-HALF = ("float16", "bfloat16")
 
 
 def bug(clause: str):
@@ -42,7 +42,7 @@ class output_dtype_float32_for_half(VariantKernel):
 
     def run(self, case: Case, *, grads: bool = False) -> Result:
         res = super().run(case, grads=grads)
-        if case.dtype in HALF:
+        if case.dtype in HALF_DTYPES:
             res.out_dtype = "float32"
         return res
 

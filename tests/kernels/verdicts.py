@@ -13,6 +13,7 @@ from attnconf.adapters.numpy import ReferenceAdapter
 from attnconf.conformance.engine.alternatives import uniform_weights
 from attnconf.conformance.engine.regions import mask_emptied_rows
 from attnconf.reference import Case, expand_kv, round_to
+from attnconf.spec.vocabulary import HALF_DTYPES
 
 
 def _mean_rows(case: Case, out: np.ndarray) -> np.ndarray:
@@ -59,7 +60,7 @@ class WrongOutputDtype(ReferenceAdapter):
 
     def run(self, case: Case, *, grads: bool = False) -> Result:
         res = super().run(case, grads=grads)
-        if case.dtype in ("float16", "bfloat16"):
+        if case.dtype in HALF_DTYPES:
             res.out_dtype = "float32"
         return res
 
