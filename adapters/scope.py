@@ -52,6 +52,22 @@ SCOPE_KEYS = ("dtypes", "grads", "dropout", "features", "head_dims", "max_seqlen
               "quantization", "accuracy")    # the last two: an approximate kernel's contract (adapters/accuracy_contract.py)
 
 
+# ---- the certificate's words for each capability (CAPABILITIES) ------------------------------
+FEATURE_WORDS = {
+    "mask": "boolean masks", "bias": "additive bias", "causal_top_left": "causal top-left",
+    "causal_bottom_right": "causal bottom-right", "q_lengths": "query padding", "kv_lengths": "key padding",
+    "gqa": "GQA/MQA", "custom_scale": "custom scale", "dv_ne_dk": "Dv != Dk", "cross": "Lq != Lk",
+    "mask_with_causal": "mask with causal", "lse": "log-sum-exp", "weights": "attention weights",
+    "dbias": "bias gradient", "noncontiguous": "non-contiguous inputs", "broadcast_kv": "broadcast K/V",
+    "window_top_left": "sliding window top-left", "window_bottom_right": "sliding window bottom-right",
+    "softcap": "softcap", "alibi": "ALiBi", "alibi_top_left": "ALiBi distances aligned top-left",
+    "sinks": "attention sinks", "chunk_bottom_right": "chunked local attention bottom-right",
+    "chunk_top_left": "chunked local attention top-left", "varlen": "variable-length packing",
+    "paged": "paged KV cache", "kvcache_append": "KV-cache append", "grads": "gradients", "dropout": "dropout",
+    "sparse_indices": "top-k sparse key indices", "latent": "MLA latent keys",
+}
+
+
 class ScopeError(ValueError):
     """A malformed scope declaration (one-line message naming the source and the key)."""
 
@@ -348,21 +364,6 @@ def declare(adapter: Adapter, fn: Any, capabilities_file: str | None, *,
         except AccuracyContractError as exc:
             raise ScopeError(str(exc)) from None
     return adapter
-
-
-# ---- the certificate's words -------------------------------------------------------------------
-FEATURE_WORDS = {
-    "mask": "boolean masks", "bias": "additive bias", "causal_top_left": "causal top-left",
-    "causal_bottom_right": "causal bottom-right", "q_lengths": "query padding", "kv_lengths": "key padding",
-    "gqa": "GQA/MQA", "custom_scale": "custom scale", "dv_ne_dk": "Dv != Dk", "cross": "Lq != Lk",
-    "mask_with_causal": "mask with causal", "lse": "log-sum-exp", "weights": "attention weights",
-    "dbias": "bias gradient", "noncontiguous": "non-contiguous inputs", "broadcast_kv": "broadcast K/V",
-    "window_top_left": "sliding window top-left", "window_bottom_right": "sliding window bottom-right",
-    "softcap": "softcap", "alibi": "ALiBi", "alibi_top_left": "ALiBi distances aligned top-left",
-    "sinks": "attention sinks", "chunk_bottom_right": "chunked local attention bottom-right",
-    "chunk_top_left": "chunked local attention top-left", "varlen": "variable-length packing",
-    "paged": "paged KV cache", "kvcache_append": "KV-cache append", "grads": "gradients", "dropout": "dropout",
-}
 
 
 def scope_sentence(scope: dict[str, Any]) -> str:

@@ -8,7 +8,9 @@ it turns off, one at a time and in a fixed order, what the implementation does
 not declare (a feature, the dtype, a head dim beyond its limit, a second query
 for a decode kernel), and returns the first variant `impl.supports` accepts, or
 None. The projection is deterministic and idempotent (a supported case comes back
-unchanged), so a saved failing case replays as itself.
+unchanged), so a saved failing case replays as itself. What the scope is (its dtypes,
+limits and contract) is read from the one `Scope` (adapters/scope.py), and whether a
+variant fits is `impl.supports`, which asks that Scope.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from attnconf.adapters.scope import Scope
 from attnconf.reference import Case
 from attnconf.reference.attention import expand_kv
 from attnconf.conformance.strategies import offer
@@ -89,13 +92,13 @@ def declared_lengths(case: Case, impl, need: frozenset[str]) -> Case:
 def _declared_lengths(case: Case, impl, need: frozenset[str]) -> Case | None:
     """The case moved into the contract's length limits (adapters/contract.py): lengths cut to equal where
     causal asks it, then grown to the declared multiples."""
-    contract = getattr(impl, "contract", None)
+    scope = Scope.of(impl)
+    contract = scope.contract
     if contract is None or not contract.limits:
         return None
     s = case.shape
     lq, lk = contract.fit_lengths(s["Lq"], s["Lk"], causal=case.causal is not None, grads="grads" in need,
-                                  dtype=case.dtype, cap=getattr(impl, "max_seqlen", None),
-                                  equal=s["Lq"] == s["Lk"] and "cross" not in impl.capabilities)
+                                  dtype=case.dtype, cap=scope.max_seqlen, equal=s["Lq"] == s["Lk"] and not scope.allows("cross"))
     if (lq, lk) == (s["Lq"], s["Lk"]):
         return None
     c = case
@@ -201,6 +204,11 @@ EXTRA: list[Callable[[Case], dict]] = [
 ]
 
 
+# the dtype a case takes instead of one the scope lacks: the nearest in precision, then in range
+NEAREST_DTYPES = {"float64": ("float32", "bfloat16", "float16"), "float32": ("float64", "bfloat16", "float16"),
+                  "float16": ("bfloat16", "float32", "float64"), "bfloat16": ("float16", "float32", "float64")}
+
+
 def _apply(case: Case, changes: dict) -> Case | None:
     if not changes:
         return None
@@ -212,24 +220,21 @@ def _apply(case: Case, changes: dict) -> Case | None:
 
 def _limits(case: Case, impl, need: frozenset[str] = frozenset()) -> Case | None:
     """The dtype and the declared head-dim and length limits."""
-    s = case.shape
+    s, scope = case.shape, Scope.of(impl)
     changed = case
-    if case.dtype not in impl.dtypes:
-        order = {"float64": ("float32", "bfloat16", "float16"), "float32": ("float64", "bfloat16", "float16"),
-                 "float16": ("bfloat16", "float32", "float64"), "bfloat16": ("float16", "float32", "float64")}
-        dtype = next((d for d in order[case.dtype] if d in impl.dtypes), None)
+    if case.dtype not in scope.dtypes:
+        dtype = next((d for d in NEAREST_DTYPES[case.dtype] if d in scope.dtypes), None)
         if dtype is None:
             return None
         changed = _apply(changed, {"dtype": dtype}) or changed
-    heads = getattr(impl, "head_dims", None)
-    cap = getattr(impl, "max_head_dim", None)
+    heads, cap = scope.head_dims, scope.max_head_dim
     d = max(s["Dk"], s["Dv"])
     if heads and not {s["Dk"], s["Dv"]} <= set(heads):
         fits = [h for h in heads if h <= d]
         changed = _apply(changed, _head_dim(changed, max(fits) if fits else min(heads))) or changed
     elif cap is not None and d > cap:
         changed = _apply(changed, _head_dim(changed, cap)) or changed
-    longest = getattr(impl, "max_seqlen", None)
+    longest = scope.max_seqlen
     if longest is not None and max(s["Lq"], s["Lk"]) > longest:
         c = _apply(changed, _cut_kv(changed, min(s["Lk"], longest)))
         changed = _apply(c or changed, _cut_q(c or changed, slice(0, min(s["Lq"], longest)))) or changed
@@ -240,7 +245,7 @@ def _limits(case: Case, impl, need: frozenset[str] = frozenset()) -> Case | None
 def fit(case: Case, impl, *, need: Iterable[str] = (), record: bool = True) -> Case | None:
     """The case projected onto `impl`'s scope (itself if supported), or None if no variant is."""
     need = frozenset(need)
-    if not need <= set(impl.capabilities):
+    if not Scope.of(impl).allows(*need):
         return None
     for _ in range(2 * len(REMOVERS) + len(EXTRA) + 4):
         if impl.supports(case, need=need) is True:
