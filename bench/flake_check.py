@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from attnconf.adapters import available_backends  # noqa: E402
+from attnconf.spec.vocabulary import FAILING  # noqa: E402
 from bench.runner import ROOT, run_suite  # noqa: E402
 
 
@@ -37,7 +38,7 @@ def main() -> int:
                             in_process=False)
             verdict = (run.report or {}).get("verdict", {}).get("verdict", "no run file")
             fails = [{"nodeid": r["nodeid"], "message": r["message"], "case": r["case"]}
-                     for r in (run.report or {}).get("records", []) if r["status"] in ("fail", "error", "crashed", "timeout")]
+                     for r in (run.report or {}).get("records", []) if r["status"] in FAILING]
             results.setdefault(backend, {})[str(seed)] = {"exit": run.returncode, "verdict": verdict,
                                                           "wall_s": round(run.wall_s, 1), "failures": fails}
             print(f"{backend} seed {seed}: exit {run.returncode} {verdict} {run.wall_s:.0f} s", flush=True)

@@ -17,6 +17,7 @@ import numpy as np
 
 from attnconf import adapters
 from attnconf.reference import Case
+from attnconf.spec.vocabulary import ALIGNMENTS
 
 
 def draw_cases(n: int, seed: int = 0) -> list[Case]:
@@ -32,7 +33,7 @@ def draw_cases(n: int, seed: int = 0) -> list[Case]:
         if kind == 1:
             params["mask"] = rng.random((B, 1, lq, lk)) < 0.7
         elif kind == 2:
-            params["causal"] = str(rng.choice(["top_left", "bottom_right"]))
+            params["causal"] = str(rng.choice(ALIGNMENTS))
         elif kind == 3:
             params["kv_lengths"] = rng.integers(lq if lk >= lq else 0, lk + 1, size=B)
             params["causal"] = "bottom_right"

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnconf.spec.vocabulary import DTYPES
+from attnconf.spec.vocabulary import ALIGNMENTS, DTYPES
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                 reason="the bug catalogue is written in torch, which is not installed")
@@ -65,7 +65,7 @@ def test_correct_kernel_matches_reference(name, dtype):
             params["mask"] = rng.random((B, 1, Lq, Lk)) < 0.5
         elif i % 3 == 1:
             params["bias"] = np.where(rng.random((B, Hq, Lq, Lk)) < 0.2, -np.inf, rng.standard_normal((B, Hq, Lq, Lk)))
-        params["causal"] = [None, "top_left", "bottom_right"][i % 3]
+        params["causal"] = (None, *ALIGNMENTS)[i % 3]
         if i % 4 == 0:
             params["kv_lengths"] = rng.integers(0, Lk + 1, B)
         case = random_case(i, B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, Lk=Lk, Dk=int(rng.integers(1, 17)),

@@ -16,11 +16,12 @@ import pytest
 from attnconf.conformance.long_cases import ALIAS_AT, long_case, sampled_rows
 from attnconf.reference import Case, baseline_error, oracle
 from attnconf.reference.tiled import rows_case
+from attnconf.spec.vocabulary import ALIGNMENTS
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
-@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+@pytest.mark.parametrize("causal", (None, *ALIGNMENTS))
 def test_rows_case_gives_the_whole_cases_rows(causal):
     rng = np.random.default_rng(0)
     q, k, v = (rng.normal(size=(2, 2, n, 16)) for n in (30, 28, 28))

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from attnconf.reference import Case, add_sink, forward, from_base2, merge_partials, oracle, sink_factor, to_base2
+from attnconf.spec.vocabulary import ALIGNMENTS
 
 
 @pytest.mark.clauses("ATTN-LSE-1")
@@ -59,8 +60,8 @@ def test_merge_of_random_chunks_equals_the_whole(seed):
     rng = np.random.default_rng(seed)
     B, Hq, Hkv, Lq, Lk = 2, 4, 2, 7, int(rng.integers(1, 30))
     q, k, v = rng.normal(size=(B, Hq, Lq, 8)), rng.normal(size=(B, Hkv, Lk, 8)), rng.normal(size=(B, Hkv, Lk, 5))
-    params = dict(causal=[None, "top_left", "bottom_right"][seed % 3], window=[None, (3, 1), (2, -1)][seed % 3],
-                  window_align=["top_left", "bottom_right"][seed % 2], softcap=[None, 2.0][seed % 2],
+    params = dict(causal=(None, *ALIGNMENTS)[seed % 3], window=[None, (3, 1), (2, -1)][seed % 3],
+                  window_align=ALIGNMENTS[seed % 2], softcap=[None, 2.0][seed % 2],
                   alibi_slopes=rng.uniform(0, 0.5, Hq) if seed % 4 < 2 else None,
                   sinks=rng.normal(size=Hq) if seed % 3 == 1 else None,
                   kv_lengths=rng.integers(0, Lk + 1, B) if seed % 2 else None)

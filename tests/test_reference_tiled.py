@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from attnconf.reference import forward, tiled_forward
+from attnconf.spec.vocabulary import ALIGNMENTS
 
 
 def _qkv(seed, B, Hq, Hkv, Lq, Lk, Dk, Dv):
@@ -38,7 +39,7 @@ SHAPES = [  # B, Hq, Hkv, Lq, Lk, Dk, Dv, block_q, block_k
 
 @pytest.mark.clauses("ATTN-LONG-1", "ATTN-CAUSAL-1", "ATTN-CAUSAL-3", "ATTN-MASK-4", "ATTN-GQA-1",
                      "ATTN-GQA-2", "ATTN-EMPTY-1", "ATTN-EMPTY-2", "ATTN-W-3")
-@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+@pytest.mark.parametrize("causal", (None, *ALIGNMENTS))
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_tiled_matches_dense(shape, causal, padded):

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from attnconf.reference import Case, forward, oracle
+from attnconf.spec.vocabulary import ALIGNMENTS
 
 mpmath.mp.dps = 50
 
@@ -200,7 +201,7 @@ def test_window_bounds_are_inclusive_by_hand():
 
 
 @pytest.mark.clauses("ATTN-WIN-4", "ATTN-CAUSAL-1")
-@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("align", ALIGNMENTS)
 @pytest.mark.parametrize("lq,lk", [(5, 8), (8, 5), (6, 6)])
 def test_window_minus_one_zero_is_causal_and_minus_one_minus_one_is_nothing(align, lq, lk):
     q, k, v = _qkv(3, B=2, Hq=2, Hkv=2, Lq=lq, Lk=lk)
@@ -288,7 +289,7 @@ def test_alibi_by_hand():
 
 
 @pytest.mark.clauses("ATTN-ALIBI-2", "ATTN-ALIBI-1")
-@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("align", ALIGNMENTS)
 def test_alibi_is_its_explicit_bias_and_slope_zero_is_nothing(align):
     q, k, v = _qkv(8, B=2, Hq=3, Hkv=1, Lq=5, Lk=8)
     slopes = _slopes(9, (2, 3))
