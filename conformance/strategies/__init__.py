@@ -17,7 +17,13 @@ One module per family of inputs:
     windows      sliding windows and chunks
     variants     softcap, ALiBi, sinks, their mixtures, decode
     conventions  calling conventions: varlen, paged KV cache, lse
-This module re-exports what the suite, the engine and the project's tests use, so they import it as one.
+and the fixed shapes and cases beside the draws:
+    boundaries   the shapes where real kernels branch (boundaries_table renders spec/BOUNDARIES.md)
+    palette      the few shapes a compile-per-shape implementation is run on
+    branch_cases every boundary in every family, as fixed cases (test_branch_points.py)
+    long_cases   cases past 16384 positions and their sampled rows (test_long.py)
+This module re-exports what the suite, the engine and the project's tests use of the draws, so they import
+it as one; the fixed shapes and cases are imported by module.
 """
 from __future__ import annotations
 

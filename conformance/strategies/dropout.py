@@ -12,6 +12,13 @@ from attnconf.reference import DTYPES, Case
 DROPOUT_PROBABILITIES = (0.1, 0.3, 0.7)
 
 
+def _moderate_logits_one_hot_v(rng: np.random.Generator, b: int, hq: int, hkv: int, lq: int, lk: int, d: int):
+    """q and k of entries N(0, 1/4) (logits of order one: no weight near 0) and V = the identity over the keys."""
+    q = 0.5 * rng.normal(size=(b, hq, lq, d))
+    k = 0.5 * rng.normal(size=(b, hkv, lk, d))
+    return q, k, np.broadcast_to(np.eye(lk), (b, hkv, lk, lk)).copy()
+
+
 @st.composite
 def dropout_cases(draw, *, dtypes: tuple[str, ...] = DTYPES,
                   probabilities: tuple[float, ...] = DROPOUT_PROBABILITIES) -> Case:
@@ -24,10 +31,7 @@ def dropout_cases(draw, *, dtypes: tuple[str, ...] = DTYPES,
     d = draw(st.sampled_from((4, 8, 16)))
     dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**31))
-    rng = np.random.default_rng(seed)
-    q = 0.5 * rng.normal(size=(b, hq, lq, d))
-    k = 0.5 * rng.normal(size=(b, hq, lk, d))
-    v = np.broadcast_to(np.eye(lk), (b, hq, lk, lk)).copy()
+    q, k, v = _moderate_logits_one_hot_v(np.random.default_rng(seed), b, hq, hq, lq, lk, d)
     return Case.build(q, k, v, dtype=dtype, seed=seed, causal=draw(st.sampled_from((None, "top_left"))),
                       dropout_p=draw(st.sampled_from(probabilities)))
 
@@ -59,8 +63,6 @@ def dropout_grad_cases(draw, *, dtypes: tuple[str, ...] = DTYPES,
     dtype = draw(dtype_choice(dtypes))
     seed = draw(st.integers(0, 2**31))
     rng = np.random.default_rng(seed)
-    q = 0.5 * rng.normal(size=(b, hq, lq, lk))
-    k = 0.5 * rng.normal(size=(b, hkv, lk, lk))
-    v = np.broadcast_to(np.eye(lk), (b, hkv, lk, lk)).copy()
+    q, k, v = _moderate_logits_one_hot_v(rng, b, hq, hkv, lq, lk, lk)
     return Case.build(q, k, v, dtype=dtype, seed=seed, grad_out=rng.normal(size=(b, hq, lq, lk)),
                       causal=draw(st.sampled_from((None, "top_left"))), dropout_p=draw(st.sampled_from(probabilities)))

@@ -1,14 +1,14 @@
 """Shapes: batch, heads, lengths and head dims, drawn where tiled kernels break and inside the cell's limits.
 
 Sizes are bounded so that one example costs milliseconds on a 2-core CPU: the product
-B * Hq * Lq * Lk * (Dk + Dv) stays under BUDGET (boundary shapes of conformance/boundaries.py excepted). On
-an implementation that compiles every new shape, shapes come from the palette (conformance/palette.py).
+B * Hq * Lq * Lk * (Dk + Dv) stays under BUDGET (boundary shapes of boundaries.py excepted). On
+an implementation that compiles every new shape, shapes come from the palette (palette.py).
 """
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from attnconf.conformance import boundaries, palette
+from attnconf.conformance.strategies import boundaries, palette
 from attnconf.conformance.strategies.cells import allows, current, limit
 
 
@@ -54,7 +54,7 @@ def fit_lengths(draw, lq: int, lk: int) -> tuple[int, int]:
 
 
 def palette_shapes(require=None, **switches):
-    """conformance/palette.py's shapes that `switches` (gqa, cross, dv_ne_dk, max_len), `require` and the
+    """palette.py's shapes that `switches` (gqa, cross, dv_ne_dk, max_len), `require` and the
     declared scope allow (None if none: the caller draws freely)."""
     return palette.palette_shapes(head_dims=limit("head_dims"), max_seqlen=limit("max_seqlen"),
                                   max_head_dim=limit("max_head_dim"), require=require, **switches)
@@ -73,7 +73,7 @@ def palette_family(draw, max_len: int, require) -> dict[str, int] | None:
 @st.composite
 def shapes(draw, *, gqa: bool = True, cross: bool = True, dv_ne_dk: bool = True, max_len: int = 385,
            same_d: bool = False) -> dict[str, int]:
-    """A shape {B, Hq, Hkv, Lq, Lk, Dk, Dv}: one in eight a kernel branch point (conformance/boundaries.py),
+    """A shape {B, Hq, Hkv, Lq, Lk, Dk, Dv}: one in eight a kernel branch point (boundaries.py),
     else from the palette or drawn freely inside BUDGET; `gqa`, `cross`, `dv_ne_dk` as declared allow."""
     cross, gqa = cross and allows("cross"), gqa and allows("gqa")
     dv_ne_dk = dv_ne_dk and allows("dv_ne_dk")
