@@ -17,7 +17,6 @@ def fixed_case(seed: int = 0, *, B=1, Hq=2, Hkv=None, Lq=5, Lk=7, Dk=8, Dv=None,
     return Case.build(q, k, v, dtype=dtype, seed=seed, **params)
 
 
-# ---- pinned cases: one per way kernels break -------------------------------------------------------
 # Keyword arguments of `fixed_case`. The agreement tests run them as explicit examples in their own
 # dtype; conformance/test_first_look.py runs all of them in every dtype before any other test, so
 # that most bugs show in the first second of a run.

@@ -12,7 +12,9 @@ from attnconf.conformance.strategies.cells import offer
 from attnconf.reference import Case
 
 
+# how large and how alike the logits and outputs are (`values`)
 REGIMES = ("ordinary", "large", "overflow", "mixed", "near_ties", "large_values")
+# the largest finite magnitude a test plants in an input of each dtype
 FINITE_MAX = {"float64": 1e30, "float32": 1e30, "bfloat16": 1e30, "float16": 6e4}
 
 
@@ -44,6 +46,7 @@ def values(rng: np.random.Generator, s: dict[str, int], regime: str, dtype: str)
     return q, k, v
 
 
+# explicit scales beside the default 1/sqrt(Dk) (two_key_cases, convention_cases)
 CUSTOM_SCALES = (0.5, 1.0, 0.125, 2.0, 0.01, 0.3)
 
 
