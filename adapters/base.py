@@ -83,7 +83,7 @@ class Implementation:
     example_budget: float = 1.0         # fraction of Hypothesis examples (COMPILES_PER_SHAPE: each new shape compiles)
     lse_dtypes: tuple[str, ...] = DTYPES   # whose lse can be judged
     # features every case it runs must carry (a function that always reads sinks); only those the
-    # strategies report offering can be required (conformance/strategies.py REQUIRABLE)
+    # strategies report offering can be required (conformance/strategies/cells.py REQUIRABLE)
     requires: frozenset[str] = frozenset()
     contract = None                     # adapters/contract.py: documented behaviour and limits, if declared
     # the case's dropout seed reaches the kernel (torch's global generator, seeded per call), so a dropout

@@ -4,7 +4,7 @@
                                          [--output bench/long.json]
 
 Per (length, dtype), in a fresh subprocess so that each peak is its own: building the sharp-key case
-(conformance/long_cases.py), the kernel (torch's scaled_dot_product_attention, causal, and the blocked
+(conformance/strategies/long_cases.py), the kernel (torch's scaled_dot_product_attention, causal, and the blocked
 control of tests/kernels/long_bugs.py), the float64 reference on the sampled rows (reference/tiled.py
 rows_case) and the judgement with its emulated baseline (conformance/engine/tolerance.py). Times are wall
 seconds on a shared machine (noisy); memory is the NumPy peak seen by tracemalloc per stage and the
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGES = r'''
 import json, resource, sys, time, tracemalloc
 import numpy as np, torch
-from attnconf.conformance.long_cases import long_case, sampled_rows
+from attnconf.conformance.strategies.long_cases import long_case, sampled_rows
 from attnconf.conformance.engine.tolerance import judge_output
 from attnconf.reference import oracle
 from attnconf.reference.tiled import rows_case

@@ -1,6 +1,6 @@
 """The bug-finding power of the shape palette: every buggy kernel of the catalogue run through the suite's
 generated cases (`-x`, the pinned first-look cases deselected, so that only drawn shapes can catch it), once
-drawing freely and once with every implementation on the palette (ATTNCONF_PALETTE=1, conformance/palette.py).
+drawing freely and once with every implementation on the palette (ATTNCONF_PALETTE=1, conformance/strategies/palette.py).
 
     python -m bench.palette_catalogue [--out FILE] [MODULE ...]     (default: tests.kernels.buggy)
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 from bench.runner import run_suite
-from attnconf.conformance.palette import ENV
+from attnconf.conformance.strategies.palette import ENV
 
 
 def _one(kernel: str, mode: str, tmp: Path) -> dict[str, object]:

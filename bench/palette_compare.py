@@ -1,5 +1,5 @@
 """Compare two suite runs of one backend, before and after a change to how cases are drawn (the shape
-palette of conformance/palette.py): the verdict, every cell's status and examples, what each run observed.
+palette of conformance/strategies/palette.py): the verdict, every cell's status and examples, what each run observed.
 
     python -m bench.palette_compare BEFORE.json AFTER.json [--shapes BEFORE.jsonl AFTER.jsonl]
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import functools
 
-from attnconf.conformance import palette, strategies as st
-from attnconf.conformance.boundaries import BOUNDARIES
-from attnconf.conformance.branch_cases import BRANCH_FAMILIES, branch_grid, where
+from attnconf.conformance import strategies as st
+from attnconf.conformance.strategies import palette
+from attnconf.conformance.strategies.boundaries import BOUNDARIES
+from attnconf.conformance.strategies.branch_cases import BRANCH_FAMILIES, branch_grid, where
 from attnconf.conformance.engine.harness import ConformanceFailure, clauses, for_cases, judge, lse_need, run
 from attnconf.conformance.engine.scope_fit import fit
 from attnconf.conformance.engine.tolerance import judge_gradients, judge_lse, judge_output

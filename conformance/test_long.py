@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from attnconf.conformance.engine.harness import clauses, judge, observe, run
-from attnconf.conformance.long_cases import LONG_LENGTHS, long_case, sampled_rows
+from attnconf.conformance.strategies.long_cases import LONG_LENGTHS, long_case, sampled_rows
 from attnconf.conformance.engine.tolerance import judge_output
 from attnconf.reference import DTYPES, Case
 from attnconf.reference.tiled import rows_case

@@ -1,4 +1,4 @@
-"""The shape boundaries of conformance/boundaries.py: declared once, documented from the declaration, crossed.
+"""The shape boundaries of conformance/strategies/boundaries.py: declared once, documented from the declaration, crossed.
 
 Fast: spec/BOUNDARIES.md is what `boundaries_table.table()` renders, and each boundary's drawn shape crosses it.
 Slow: one ci run of the numpy reference with ATTNCONF_BOUNDARY_LOG set counts, per boundary and per family
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from attnconf.conformance import boundaries, boundaries_table
+from attnconf.conformance.strategies import boundaries, boundaries_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_docs_table_is_rendered_from_the_declaration():
     assert (ROOT / "spec" / "BOUNDARIES.md").read_text() == boundaries_table.table(), \
-        "spec/BOUNDARIES.md is stale: python -m attnconf.conformance.boundaries_table"
+        "spec/BOUNDARIES.md is stale: python -m attnconf.conformance.strategies.boundaries_table"
 
 
 @pytest.mark.parametrize("b", boundaries.BOUNDARIES, ids=lambda b: b.id)

@@ -23,9 +23,10 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
 
 if importlib.util.find_spec("torch") is not None:
     from attnconf import adapters
-    from attnconf.conformance import palette, test_branch_points as sweep
-    from attnconf.conformance.boundaries import BY_ID
-    from attnconf.conformance.branch_cases import BRANCH_FAMILIES, branch_case
+    from attnconf.conformance import test_branch_points as sweep
+    from attnconf.conformance.strategies import palette
+    from attnconf.conformance.strategies.boundaries import BY_ID
+    from attnconf.conformance.strategies.branch_cases import BRANCH_FAMILIES, branch_case
     from attnconf.conformance.strategies import DTYPES
     from attnconf.reference import Case, backward, oracle
     from bench.runner import run_suite

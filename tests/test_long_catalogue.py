@@ -13,7 +13,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from attnconf.conformance.long_cases import ALIAS_AT, long_case, sampled_rows
+from attnconf.conformance.strategies.long_cases import ALIAS_AT, long_case, sampled_rows
 from attnconf.reference import Case, baseline_error, oracle
 from attnconf.reference.tiled import rows_case
 from attnconf.spec.vocabulary import ALIGNMENTS

@@ -1,4 +1,4 @@
-"""The shape palette (conformance/palette.py): it keeps every boundary shape and the odd and block-boundary
+"""The shape palette (conformance/strategies/palette.py): it keeps every boundary shape and the odd and block-boundary
 sizes, and on a compile-per-shape implementation the strategies draw only its shapes."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
 from attnconf.adapters.base import CAPABILITIES, COMPILES_PER_SHAPE
-from attnconf.conformance import boundaries, palette
+from attnconf.conformance.strategies import boundaries, palette
 from attnconf.conformance.engine import harness
 from attnconf.conformance import strategies as S
 

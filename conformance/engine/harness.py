@@ -37,7 +37,7 @@ from attnconf.adapters import Adapter, KernelError, Result
 from attnconf.adapters.base import NotSupported
 from attnconf.reference import DTYPES, Case
 
-from attnconf.conformance import boundaries, palette
+from attnconf.conformance.strategies import boundaries, palette
 from attnconf.conformance.engine import alternatives, tolerance
 from attnconf.conformance.engine.nan_aware import max_gap
 from attnconf.conformance import strategies as strategies_module

@@ -1,10 +1,10 @@
 """One-defect kernels that are exact except on one branch path a real template has (issue 25, item 3).
 
-Real kernels choose a code path by shape (conformance/boundaries.py): a second query tile of a head-dim
+Real kernels choose a code path by shape (conformance/strategies/boundaries.py): a second query tile of a head-dim
 template, the split-KV decode path with its merge of partials, GQA packing of many query heads per KV head,
 batch blocking, the MLA 576/512 template. Each kernel here takes those paths the way such kernels do and
 carries one defect on exactly one of them, so only a case that reaches the path can tell it from a correct
-kernel; `conformance/test_branch_points.py` (the boundary x family grid of conformance/branch_cases.py) must
+kernel; `conformance/test_branch_points.py` (the boundary x family grid of conformance/strategies/branch_cases.py) must
 catch every one, naming its branch point (tests/test_branch_catalogue.py). Three calling conventions:
 
 - the torch SDPA convention (`--backend=torch --kernel=tests.kernels.branch_bugs:NAME`): `_sdpa(defect)`,
@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from attnconf.conformance.boundaries import BOUNDARIES
+from attnconf.conformance.strategies.boundaries import BOUNDARIES
 from attnconf.reference import Case
 
 from . import flash, variant_bugs

@@ -4,13 +4,13 @@ Kernels pick a code path by shape: query and key tiles of 64 and 128 rows, a spl
 blocks against long histories, head-dim templates (64, 96, 128, 160, 192, 256, and MLA's 192/128 and
 576/512), GQA packing of many query heads per KV head, batch blocking. A defect that lives on one of those
 paths is invisible to cases that never reach it, and a size budget alone never does. `BOUNDARIES` lists
-each boundary with the smallest shape that crosses it; `shapes()` in strategies.py draws one of them with
+each boundary with the smallest shape that crosses it; `shapes()` in sizes.py draws one of them with
 some probability (bending the size budget, never the implementation's declared scope), so every family
 that draws its shapes there (plain, masks, sinks, ALiBi, windows, GQA, gradients) reaches them.
 
 `note(case)` records, when ATTNCONF_BOUNDARY_LOG names a file, which boundaries each case that runs
 crosses and which families it belongs to (tests/test_boundaries.py counts them over one ci run);
-conformance/boundaries_table.py renders spec/BOUNDARIES.md from this declaration.
+boundaries_table.py renders spec/BOUNDARIES.md from this declaration.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every shape boundary of conformance/boundaries.py in every family of inputs, as fixed cases.
+"""Every shape boundary of boundaries.py in every family of inputs, as fixed cases.
 
 A boundary drawn at random by `strategies.shapes()` reaches a family (sinks, ALiBi, windows, GQA,
 gradients) only by chance: one ci run of the reference measured 0 crossings of the GQA-packing, batch
@@ -27,8 +27,9 @@ import zlib
 
 import numpy as np
 
-from attnconf.conformance.boundaries import BOUNDARIES, Boundary
-from attnconf.conformance.strategies import fixed_case, geometric_slopes
+from attnconf.conformance.strategies.boundaries import BOUNDARIES, Boundary
+from attnconf.conformance.strategies.pins import fixed_case
+from attnconf.conformance.strategies.values import geometric_slopes
 from attnconf.reference import Case, oracle
 
 BRANCH_FAMILIES = ("plain", "gqa", "window", "alibi", "sinks", "gradients", "causal", "causal_gradients")

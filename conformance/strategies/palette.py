@@ -14,7 +14,7 @@ distinct signatures far less (README, "Speed").
 What the free draws reach, the palette keeps: the odd lengths (1, 3, 5, 7, 13, 17, 31, 33), the block
 boundaries (63/64/65, 127/128/129, 255/257, 385), long histories against 2..16 queries (513, 1024), odd and
 uncommon head dims (1, 3, 5, 40, 72, 80, 104, 200), Dv != Dk, GQA groups of 2, 3, 4 and 8, batches of 1 to 3,
-and every shape of conformance/boundaries.py's BOUNDARIES (tiles, split-KV, head-dim templates, GQA
+and every shape of boundaries.py's BOUNDARIES (tiles, split-KV, head-dim templates, GQA
 packing, batch blocking), with the variants `boundaries.boundary_shapes` draws of them. Shapes stay inside
 strategies.BUDGET (the boundary shapes bend it, as they do in every run). The coverage floor is untouched:
 the number of examples per cell is decided by the harness, not here.
@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 from hypothesis import strategies as st
 
-from attnconf.conformance.boundaries import BOUNDARIES, Boundary
+from attnconf.conformance.strategies.boundaries import BOUNDARIES, Boundary
 
 ENV = "ATTNCONF_PALETTE"
 DIMS = ("B", "Hq", "Hkv", "Lq", "Lk", "Dk", "Dv")
