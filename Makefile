@@ -6,7 +6,7 @@
 PY      := .venv/bin/python
 PIP     := $(PY) -m pip
 LOCK    := requirements.lock
-STAMP   := .venv/.attnconf-setup-2
+STAMP   := .venv/.attnconf-setup-3
 export OPENBLAS_NUM_THREADS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
@@ -14,9 +14,12 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 setup: $(STAMP)
 
-$(STAMP): $(LOCK)
+$(STAMP): $(LOCK) pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q -r $(LOCK)
+	@# this checkout, editable: its top-level folders import as attnconf.spec, attnconf.adapters, ... (pyproject's
+	@# package-dir); built with the locked setuptools, nothing else installed
+	$(PIP) install -q --no-deps --no-build-isolation -e .
 	@# tinygrad's CPU device compiles its kernels with clang: install it where we may (root with apt-get);
 	@# otherwise `pytest conformance --backend=tinygrad` says in one line that clang is missing.
 	@command -v $${CC:-clang} >/dev/null 2>&1 || { \

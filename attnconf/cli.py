@@ -69,15 +69,12 @@ def suite_command(pytest_args: Sequence[str], target: str | None = None) -> list
 
 
 def suite_env(cwd: Path) -> dict[str, str]:
-    """The caller's environment minus what would configure pytest; the caller's folder importable, and
-    (from a checkout) this very checkout's attnconf. An installed attnconf is found in site-packages by
-    the same interpreter; site-packages is never put on PYTHONPATH (it would precede the stdlib)."""
-    import attnconf
-
+    """The caller's environment minus what would configure pytest; the caller's folder importable. attnconf
+    (a wheel, or a checkout's editable install) is found in site-packages by the same interpreter;
+    site-packages is never put on PYTHONPATH (it would precede the stdlib)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    checkout = str(Path(attnconf.__file__).resolve().parent.parent) if len(attnconf.__path__) > 1 else ""
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (checkout, str(cwd), os.environ.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd), os.environ.get("PYTHONPATH", "")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
 

@@ -11,6 +11,7 @@ OUT=${OUT:-/tmp/attnconf-gpu2026}
 LIMIT=${LIMIT:-240}
 RUNS="$OUT/gpu2026"
 mkdir -p "$RUNS"
+bash bench/install_checkout.sh python3 || exit 2
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sage-site .whl/sageattention-*.whl \
   || echo "sageattention wheel not installed" | tee -a "$RUNS/jobs.txt"
 {

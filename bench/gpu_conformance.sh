@@ -16,6 +16,7 @@ OUT=${OUT:-/tmp/attnconf-gpu}
 RUNS="$OUT/runs"
 LIMIT=${LIMIT:-420}        # seconds of tests per job
 mkdir -p "$RUNS"
+bash bench/install_checkout.sh python3 || exit 2
 export VERIFY_BUDGET_S=$LIMIT
 {
   python3 -c "import sys, torch, jax, hypothesis, pytest, ml_dtypes; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'jax', jax.__version__, 'hypothesis', hypothesis.__version__, 'pytest', pytest.__version__)"

@@ -16,6 +16,7 @@ PY=${PYTHON:-python3}
 SITE="$OUT/site"
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
+bash bench/install_checkout.sh "$PY" || exit 2
 if [ ! -d "$SITE/sageattention" ]; then
   $PY -m pip install --quiet --target "$SITE" --no-deps "sageattention==$VERSION" \
     || { echo "cannot install sageattention==$VERSION"; exit 2; }

@@ -2,7 +2,8 @@
 
 Slow (a venv and its packages; `make test-install` runs them): the wheel with NumPy only (numpy
 backend, an honest NumPy kernel copied into a scratch "kernel repository" whose own pytest.ini and
-conftest.py would break any run that read them), and `pip install <checkout> torch==2.13.0` with
+conftest.py would break any run that read them; then the checkout installed editable over it, as
+`make setup` installs it), and `pip install <checkout> torch==2.13.0` with
 an honest torch kernel, the issue's done-when check.
 """
 from __future__ import annotations
@@ -96,7 +97,18 @@ def test_wheel_in_a_fresh_venv_with_numpy_only(tmp_path: Path, wheel: Path) -> N
     assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout + run.stderr
     assert "--backend" in sh([str(python), "-m", "pytest", "--help"], other).stdout   # loaded by entry point
 
-    # the checkout with attnconf installed: the plugin is registered once
+    # in the checkout, whose attnconf/ shadows the wheel, an import says in one line to install the checkout
+    shadowed = sh([str(python), "-c", "import attnconf"], ROOT)
+    assert shadowed.returncode == 1 and "run `make setup`" in shadowed.stderr.splitlines()[-1], shadowed.stderr
+
+    # the checkout installed editable over the wheel (as make setup does): its folders under their attnconf.
+    # names and nothing else, and the plugin registered once though conftest.py names it too
+    editable = sh([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "-e", str(ROOT)],
+                  tmp_path)
+    assert editable.returncode == 0, editable.stderr[-3000:]
+    names = sh([str(python), "-c", "import importlib.util as u, attnconf.spec; print(attnconf.spec.__file__); "
+                                   "print(u.find_spec('attnconf.bench'), u.find_spec('attnconf.attnconf'))"], tmp_path)
+    assert names.stdout.split() == [str(ROOT / "spec" / "__init__.py"), "None", "None"], names.stdout + names.stderr
     co = sh([str(python), "-m", "pytest", "conformance", "--backend=numpy", "--co", "-q", "-p", "no:cacheprovider"],
             ROOT)
     assert co.returncode == 0 and "already added" not in co.stderr, co.stdout[-2000:] + co.stderr[-2000:]

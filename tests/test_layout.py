@@ -8,7 +8,14 @@ checkout honest.
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBPACKAGES = {"spec", "adapters", "reference", "conformance", "reports"}
@@ -31,3 +38,25 @@ def test_no_top_level_subpackage_imports() -> None:
                           for n in names if n.split(".")[0] in SUBPACKAGES
                           and not (n + ".").startswith(OUTSIDE_THE_PACKAGE + ".")]
     assert not offenders, "\n".join(offenders)
+
+
+def test_only_the_mapped_folders_are_subpackages() -> None:
+    """The checkout imports as the wheel does: no `attnconf.bench`, no `attnconf.attnconf.cli`, no
+    `attnconf.tests` (they once imported, when attnconf's `__path__` covered the repository root)."""
+    import attnconf
+
+    assert [Path(p) for p in attnconf.__path__] == [ROOT / "attnconf"]
+    for name in ("attnconf.bench", "attnconf.attnconf", "attnconf.tests", "attnconf.tools"):
+        assert importlib.util.find_spec(name) is None, name
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("attnconf.attnconf.cli")
+    assert Path(importlib.import_module("attnconf.spec").__file__).parent == ROOT / "spec"
+
+
+def test_a_checkout_not_installed_says_to_run_make_setup() -> None:
+    """Without site-packages (-S: no editable install) the checkout's attnconf fails on import, in one line."""
+    proc = subprocess.run([sys.executable, "-S", "-c", "import attnconf"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith("ImportError: attnconf: the checkout") and "make setup" in last, \
+        proc.stderr

@@ -6,6 +6,7 @@ The installed-wheel checks that need a fresh virtual environment are in tests/te
 from __future__ import annotations
 
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -39,10 +40,12 @@ def test_extras_are_the_registry() -> None:
 
 
 def test_wheel_layout_is_declared() -> None:
+    """pyproject maps the five folders; setup.py lists every package below them, none by hand."""
     tool = PYPROJECT["tool"]["setuptools"]
-    names = {s: "attnconf." + s.replace("/", ".") for s in SUBPACKAGES}
-    assert tool["package-dir"] == {"attnconf": "attnconf", **{n: s for s, n in names.items()}}
-    assert sorted(tool["packages"]) == sorted(["attnconf", *names.values()])
+    assert tool["package-dir"] == {"attnconf": "attnconf", **{f"attnconf.{t}": t for t in TOP}}
+    assert "packages" not in tool   # setup.py's discovery is the one list
+    names = ["attnconf", *("attnconf." + s.replace("/", ".") for s in SUBPACKAGES)]
+    assert runpy.run_path(str(ROOT / "setup.py"))["packages"]() == sorted(names)
     assert PYPROJECT["project"]["entry-points"]["pytest11"] == {PLUGIN: PLUGIN}
     assert PYPROJECT["project"]["scripts"] == {"attnconf": "attnconf.cli:main"}
 
