@@ -26,14 +26,14 @@ import numpy as np
 
 from attnconf.adapters import Result
 from attnconf.reference import Case, baseline_error, oracle
+from attnconf.spec.vocabulary import DTYPES, FAILING
 
 from attnconf.conformance.engine import alternatives
 from attnconf.conformance.engine import tolerance as T
 
-FAILING = ("fail", "error", "crashed", "timeout")
 UNEXPLAINED = "unexplained"
 # precisions from the most to the least accurate: a lower-precision hypothesis is tried only below the case's own
-PRECISIONS = ("float64", "float32", "float16", "bfloat16")
+PRECISIONS = DTYPES
 BLOCKS = (16, 32, 64, 128)          # key blocks a kernel may pad with zero keys it then attends
 OTHERS = 8                          # other calls of the failing test tried when the failing case's output is not explained
 
