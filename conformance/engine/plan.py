@@ -14,7 +14,8 @@ import os
 import pkgutil
 import sys
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import Any, Mapping
 
 
 @dataclass
@@ -28,12 +29,16 @@ class PlannedTest:
     shares_floor: bool = True    # others citing its clauses may draw fewer on its account (harness.cell_minimum)
 
 
-def plan() -> list[PlannedTest]:
-    """Every test of the suite, read from the conformance test modules' declarations."""
+def plan(collected: Mapping[str, ModuleType] | None = None) -> list[PlannedTest]:
+    """Every test of the suite, read from the conformance test modules' declarations. `collected` maps the real
+    path of each suite module that pytest collected in this run to that module (the plugin gathers them from
+    its items, run_state.py): their declarations are read as pytest imported them, and only a module the run
+    did not collect (another file chosen, a node id given) is imported here. Without it, the suite's modules
+    already imported in this process stand in."""
     import attnconf.conformance as pkg
 
     out = []
-    loaded = _loaded_by_file()
+    loaded = _loaded_by_file() if collected is None else collected
     for info in pkgutil.iter_modules(pkg.__path__):
         if not info.name.startswith("test_"):
             continue

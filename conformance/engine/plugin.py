@@ -14,6 +14,7 @@ cells (cells.py), verdict (verdict.py), the final run file and the summary (summ
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -72,6 +73,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # ---- collection and parametrization ------------------------------------------------------------
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Keep the suite's test modules as pytest imported them, deselected items' too: the verdict's plan reads
+    their declarations from them (plan.py) instead of importing them again."""
+    state = _state(item.config)
+    module = getattr(item, "module", None)
+    if state is not None and module is not None and Path(str(item.path)).resolve().parent == SUITE_DIR:
+        state.suite_modules.setdefault(os.path.realpath(module.__file__), module)
+
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Lighter garbage collection for the run (only when attnconf runs; RunState.lighten_gc says why)."""

@@ -118,7 +118,7 @@ def build(state: RunState, *, final: bool) -> dict[str, Any]:
     floor = cells_floor()
     impls = implementations(session.impls)
     if state.plan is None:
-        state.plan = plan()
+        state.plan = plan(state.suite_modules)
     cells = build_cells(records, impls, state.plan, entries)
     stale = sorted(eid for eid, w in witnessed.items()
                    if isinstance(w, dict) and str(w.get("status", "")).startswith("stale"))

@@ -2,7 +2,7 @@
 
 Everything a run accumulates lives on `RunState`: the harness session the options built, the records
 as they arrive, when the run file was last written and what that cost, the environment and the plan
-(computed once), which failing cases are saved (the causes' keeper), whether the run was stopped, the
+(computed once, from the suite modules pytest collected), which failing cases are saved (the causes' keeper), whether the run was stopped, the
 garbage-collector settings to restore, and the final run file. Nothing is kept in module globals, so
 two runs in one process (pytest.main twice, the project's own tests) never see each other's state.
 """
@@ -40,6 +40,7 @@ class RunState:
         self.interrupted = False
         self.environment: dict[str, Any] | None = None
         self.plan: list | None = None
+        self.suite_modules: dict[str, Any] = {}  # the suite's test modules pytest collected, by real path (plan.py)
         self.keeper: Any = None                 # conformance.causes.Keeper: which failing cases are saved
         self.failed = 0
         self.unvalidated_said = False           # the run file was written unvalidated, and that was said once
