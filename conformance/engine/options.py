@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
@@ -71,7 +71,7 @@ def wants_profiles(config: pytest.Config) -> bool:
     return bool(config.getoption("--backend")) or config.getoption("--hypothesis-profile", default=None) in PROFILES
 
 
-def usage(msg: str) -> None:
+def usage(msg: str) -> NoReturn:
     raise pytest.UsageError(msg)
 
 

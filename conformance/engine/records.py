@@ -19,9 +19,11 @@ import pytest
 from attnconf.conformance.engine.options import by_cli
 
 if TYPE_CHECKING:
+    from attnconf.reference import Case
+
     from attnconf.conformance.engine import harness
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]        # the checkout, or the installed attnconf package
 IN_CHECKOUT = (ROOT / ".git").exists() or (ROOT / "pyproject.toml").is_file()
 RECORD_KEY = pytest.StashKey["harness.TestRecord"]()   # the item's record, kept by the harness as it runs
 RESULT_KEY = pytest.StashKey[dict]()                    # when the item started, and a status set before its end
@@ -54,7 +56,7 @@ def clauses_of(item: pytest.Item) -> list[str]:
     return out
 
 
-def with_record(report: pytest.TestReport, record: dict[str, Any], rec) -> pytest.TestReport:
+def with_record(report: pytest.TestReport, record: dict[str, Any], rec: harness.TestRecord | None) -> pytest.TestReport:
     """Attach the record; the kernel outputs the test item kept for diagnosing are no longer needed."""
     if rec is not None:
         rec.outputs.clear()
@@ -62,7 +64,7 @@ def with_record(report: pytest.TestReport, record: dict[str, Any], rec) -> pytes
     return report
 
 
-def cause(state: Any, rec: harness.TestRecord, case, clause: str | None) -> tuple[str, tuple | None]:
+def cause(state: Any, rec: harness.TestRecord, case: Case, clause: str | None) -> tuple[str, tuple | None]:
     """The failure's cause (conformance/engine/causes.py) and, if its cause and clause have a saved case, that case."""
     from attnconf.conformance.engine import causes
 
@@ -137,7 +139,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:80]
 
 
-def save_failure(item: pytest.Item, case) -> Path:
+def save_failure(item: pytest.Item, case: Case) -> Path:
     path = failures_dir(item.config) / f"{_slug(item.name)}-{case.digest()}.npz"
     return case.save(path)
 

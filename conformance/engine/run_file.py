@@ -20,11 +20,11 @@ import attnconf
 
 from attnconf.conformance.engine.cells import floor as cells_floor
 from attnconf.conformance.engine.cells import implementations, kind
+from attnconf.conformance.engine.records import ROOT
 
 if TYPE_CHECKING:
     from attnconf.conformance.engine.run_state import RunState
 
-ROOT = Path(__file__).resolve().parents[2]
 SUITE_VERSION = attnconf.__version__
 WRITE_EVERY_S = 5.0
 WRITE_COST_SHARE = 50
