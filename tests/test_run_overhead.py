@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import jsonschema
 import pytest
 
-from attnconf.conformance.engine import plugin
+from attnconf.conformance.engine import plugin, run_file
 from attnconf.reports import runfile
 from tests.test_reports_fixtures import FIXTURES, GOOD
 
@@ -60,23 +60,22 @@ def test_a_reference_outside_the_defs_is_refused():
 def test_partial_writes_are_spaced_by_their_cost(tmp_path, monkeypatch):
     """Every WRITE_EVERY_S at most, and never more than 1/WRITE_COST_SHARE of the time."""
     writes = []
-    monkeypatch.setattr(plugin, "_run_file", lambda config, final: {})
-    monkeypatch.setattr(plugin, "_write_run", lambda path, run: writes.append(time.time()))
-    state = SimpleNamespace(run=None, last_write=0.0, write_cost=0.0)
+    monkeypatch.setattr(run_file, "build", lambda state, final: {})
+    monkeypatch.setattr(run_file, "write", lambda state, path, run: writes.append(time.time()))
     config = SimpleNamespace(getoption=lambda name: str(tmp_path / "run.json"))
-    monkeypatch.setattr(plugin, "_state", lambda c: state)
-    plugin._write_partial(config)
+    state = SimpleNamespace(run=None, last_write=0.0, write_cost=0.0, config=config)
+    run_file.write_partial(state)
     assert len(writes) == 1                                   # the first record is written at once
-    plugin._write_partial(config)
+    run_file.write_partial(state)
     assert len(writes) == 1                                   # then not before WRITE_EVERY_S
-    state.last_write = time.time() - plugin.WRITE_EVERY_S - 1
+    state.last_write = time.time() - run_file.WRITE_EVERY_S - 1
     state.write_cost = 1.0                                     # a write that took 1 s waits 50 s
-    plugin._write_partial(config)
+    run_file.write_partial(state)
     assert len(writes) == 1
-    state.last_write = time.time() - plugin.WRITE_COST_SHARE * 1.0 - 1
-    plugin._write_partial(config)
+    state.last_write = time.time() - run_file.WRITE_COST_SHARE * 1.0 - 1
+    run_file.write_partial(state)
     assert len(writes) == 2
-    plugin._write_partial(config, force=True)                  # SIGTERM and the end always write
+    run_file.write_partial(state, force=True)                  # SIGTERM and the end always write
     assert len(writes) == 3
 
 

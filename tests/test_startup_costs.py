@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 from hypothesis.vendor.pretty import pretty
 
-from attnconf.conformance.engine import plugin
+from attnconf.conformance.engine import plugin, run_file
 from attnconf.reference import Case
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def test_the_failure_that_stops_the_run_leaves_the_write_to_the_end(monkeypatch)
     """Under -x (or --maxfail=N) the failure that stops the run is not written as a partial run file: the
     final one follows at once. Every other record is, as before."""
     writes = []
-    monkeypatch.setattr(plugin, "_write_partial", lambda config: writes.append(1))
+    monkeypatch.setattr(run_file, "write_partial", lambda state: writes.append(1))
     for maxfail, expected in ((1, [0, 0]), (2, [1, 0]), (0, [1, 1])):
         writes.clear()
         state = plugin.RunState.__new__(plugin.RunState)
