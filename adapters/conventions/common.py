@@ -35,7 +35,7 @@ from attnconf.reference import Case
 
 from ..base import Adapter, ConventionViolation, KernelError, NotSupported, Result
 from ..contract import is_refusal
-from ..torch_convert import device_info, dtype_name, limit_threads, to_numpy, to_tensor
+from attnconf.adapters.torch.convert import device_info, dtype_name, limit_threads, to_numpy, to_tensor
 
 ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
