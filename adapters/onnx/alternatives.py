@@ -233,7 +233,7 @@ def _mean_of_causal_hidden_values(entry, case, res, masks) -> Verdict:
 
 def ort_f16_sentinel_expected(case: Case) -> dict[str, np.ndarray]:
     """What onnxruntime's float16 Attention computes when it masks by addition: the softmax, in float64, of
-    the float16 scores it holds (regions_onnx._ort_f16_scores): at a position hidden by the mask, a -inf
+    the float16 scores it holds (regions._ort_f16_scores): at a position hidden by the mask, a -inf
     bias, the causal frontier or the window float16(float32(s q.k) - 65504) (+inf when that overflows,
     which turns the row NaN); at a key past nonpad_kv_seqlen -65504 itself; at a visible key the logit
     rounded to float16 (-inf below -65504, so that masked keys can outweigh it)."""

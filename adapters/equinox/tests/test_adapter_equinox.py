@@ -132,7 +132,7 @@ def test_fully_masked_rows_are_the_mean_of_v(dpa):
 
 def _diverges(adapter, entry) -> bool:
     """The witness of `entry` departs from the spec on `adapter` (the project's own check, in small)."""
-    from attnconf.conformance import witnesses_flax  # noqa: F401  (registers the backend's witnesses)
+    from attnconf.adapters.flax import witnesses as witnesses_flax  # noqa: F401  (registers the backend's witnesses)
 
     case = WITNESSES[entry["witness"]]()
     if adapter.kind == "layer":
@@ -198,7 +198,7 @@ def test_layer_maps_weights_and_per_projection_biases():
 
 
 def test_float16_visible_overflow_witness(dpa):
-    from attnconf.conformance import regions_flax, witnesses_flax  # noqa: F401
+    from attnconf.adapters.flax import regions as regions_flax, witnesses as witnesses_flax  # noqa: F401
 
     case = WITNESSES["float16_visible_logit_overflow"]()
     assert bool(regions_flax.float16_logit_overflow_rows(case))

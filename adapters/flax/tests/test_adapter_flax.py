@@ -198,7 +198,7 @@ def test_padded_query_rows_are_masked_whole(dpa):
 
 def _diverges(adapter, entry) -> bool:
     """The witness of `entry` departs from the spec on `adapter` (the project's own check, in small)."""
-    from attnconf.conformance import witnesses_flax  # noqa: F401  (registers the backend's witnesses)
+    from attnconf.adapters.flax import witnesses as witnesses_flax  # noqa: F401  (registers the backend's witnesses)
 
     case = WITNESSES[entry["witness"]]()
     if adapter.kind == "layer":
@@ -290,7 +290,7 @@ def test_kernel_convention_is_flax_attention_fn():
 # ---- flax:linen-dpa-fp32-softmax and the float16 overflow region --------------------------------
 def test_fp32_softmax_variant_documented_behaviours():
     from attnconf.adapters.flax import LinenDpaFp32SoftmaxAdapter
-    from attnconf.conformance import witnesses_flax  # noqa: F401  (registers the witnesses)
+    from attnconf.adapters.flax import witnesses as witnesses_flax  # noqa: F401  (registers the witnesses)
 
     ad = LinenDpaFp32SoftmaxAdapter("cpu", {})
     case = WITNESSES["plain_bfloat16"]()
@@ -307,7 +307,7 @@ def test_fp32_softmax_variant_documented_behaviours():
 
 
 def test_float16_overflow_region_and_witness(dpa):
-    from attnconf.conformance import regions_flax, witnesses_flax  # noqa: F401
+    from attnconf.adapters.flax import regions as regions_flax, witnesses as witnesses_flax  # noqa: F401
 
     case = WITNESSES["float16_hidden_logit_overflow"]()
     rows = regions_flax.float16_logit_overflow_rows(case)

@@ -18,7 +18,7 @@ from attnconf.adapters import KernelError  # noqa: E402
 from attnconf.adapters.base import NotSupported  # noqa: E402
 from attnconf.adapters.onnx.graphs import attention_call, gqa_call, mha_call  # noqa: E402
 from attnconf.adapters.onnx import ReferenceEvaluatorAdapter  # noqa: E402
-from attnconf.conformance import alternatives_onnx, regions_onnx, witnesses_onnx
+from attnconf.adapters.onnx import alternatives as alternatives_onnx, regions as regions_onnx, witnesses as witnesses_onnx
 from attnconf.conformance.engine import alternatives  # noqa: E402,F401
 from attnconf.conformance.engine.divergences import Applied, Divergences  # noqa: E402
 from attnconf.conformance.engine.regions import REGIONS, rows_of, touches  # noqa: E402

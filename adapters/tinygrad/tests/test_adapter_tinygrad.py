@@ -20,7 +20,7 @@ pytest.importorskip("tinygrad")
 from attnconf import adapters  # noqa: E402
 from attnconf.conformance.engine.divergences import backend_entries  # noqa: E402
 from attnconf.adapters.tinygrad import adapter as tga  # noqa: E402
-from attnconf.conformance import alternatives_tinygrad, regions_tinygrad, witnesses_tinygrad  # noqa: E402
+from attnconf.adapters.tinygrad import alternatives as alternatives_tinygrad, regions as regions_tinygrad, witnesses as witnesses_tinygrad  # noqa: E402
 from attnconf.conformance.engine.divergences import Divergences  # noqa: E402
 from attnconf.conformance.engine.tolerance import judge_gradients, judge_output  # noqa: E402
 from attnconf.conformance.engine.witnesses import WITNESSES  # noqa: E402

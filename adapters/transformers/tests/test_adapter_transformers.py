@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from attnconf.adapters.transformers import adapter as tfa  # noqa: E402
-from attnconf.conformance import alternatives_transformers as A  # noqa: E402
-from attnconf.conformance import regions_transformers as RT  # noqa: E402
+from attnconf.adapters.transformers import alternatives as A  # noqa: E402
+from attnconf.adapters.transformers import regions as RT  # noqa: E402
 from attnconf.conformance.engine import tolerance as T  # noqa: E402
-from attnconf.conformance import witnesses_transformers  # noqa: E402,F401 (registers the witnesses)
+from attnconf.adapters.transformers import witnesses as witnesses_transformers  # noqa: E402,F401 (registers the witnesses)
 from attnconf.conformance.engine.witnesses import WITNESSES  # noqa: E402
 from attnconf.reference import Case, oracle, visibility  # noqa: E402
 
