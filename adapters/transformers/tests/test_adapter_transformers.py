@@ -18,6 +18,7 @@ from attnconf.adapters.transformers import regions as RT  # noqa: E402
 from attnconf.conformance.engine import tolerance as T  # noqa: E402
 from attnconf.adapters.transformers import witnesses as witnesses_transformers  # noqa: E402,F401 (registers the witnesses)
 from attnconf.conformance.engine.witnesses import WITNESSES  # noqa: E402
+from attnconf.conformance.engine.witnesses import load_all as load_witnesses  # noqa: E402
 from attnconf.reference import Case, oracle, visibility  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -293,6 +294,7 @@ def _check_declared(entry, case: Case, a) -> None:
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e["id"] for e in ENTRIES])
 def test_witness_shows_the_divergence(entry):
+    load_witnesses()      # an entry may name another pack's witness (torch's flash_grad_large_logits)
     case = WITNESSES[entry["witness"]]()
     impls = [FAST[n] for n in entry["implementations"] if n in FAST]
     assert impls, entry["id"]
