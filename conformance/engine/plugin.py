@@ -132,7 +132,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help=f"seconds after which no further test starts; the verdict is then INCOMPLETE "
                      f"(default {DEFAULT_RUN_TIMEOUT_S:g}; 0 = none)")
     g.addoption("--memory-limit", type=float, default=4.0, help="GiB of address space for the isolated worker (default 4)")
-    g.addoption("--divergences-dir", default=None, help="folder of divergence files <backend>.toml (default: the backend pack's divergences.toml)")
+    g.addoption("--divergences-dir", default=None, help="folder of <backend>.toml divergence files (default: the pack's divergences.toml)")
     g.addoption("--long", action="store_true", help="also check long sequences against the tiled reference (ATTN-LONG-1)")
     g.addoption("--measure-memory", action="store_true", help="record peak memory against sequence length (ATTN-PROP-7)")
 
