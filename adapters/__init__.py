@@ -1,4 +1,4 @@
-"""Adapters: one small interface (`adapters.base.Adapter`) and one module per backend.
+"""Adapters: one small interface (`adapters.base.Adapter`) and one pack per backend (`adapters/<backend>/`).
 
 `load()` turns the command-line choice (backend, device, implementation,
 third-party kernel) into adapter objects, and every mistake in that choice
