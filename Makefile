@@ -49,7 +49,7 @@ report: setup
 test: setup test-own test-suites test-catalogue
 
 test-own: setup
-	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider -n 2 --durations=15
+	$(PY) -m pytest tests adapters -q -m "not slow" -p no:cacheprovider -n 2 --durations=15
 
 # attnconf installed into fresh venvs outside the checkout (slow: see tests/test_install.py)
 test-install: setup

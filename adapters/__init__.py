@@ -1,4 +1,4 @@
-"""Adapters: one small interface (`adapters.base.Adapter`) and one module per backend.
+"""Adapters: one small interface (`adapters.base.Adapter`) and one pack per backend (`adapters/<backend>/`).
 
 `load()` turns the command-line choice (backend, device, implementation,
 third-party kernel) into adapter objects, and every mistake in that choice
@@ -59,7 +59,9 @@ def backend_module(backend: str):
     if not decl.installed():
         raise UsageError(f"backend {backend!r}: {decl.status()}; {decl.remedy()}")
     try:
-        return importlib.import_module(decl.module)
+        module = importlib.import_module(decl.module)
+        getattr(module, "implementations", None)    # a pack imports its adapter module (and framework) here
+        return module
     except Exception as exc:  # the framework is there but does not import (broken install, ABI mismatch)
         first = (str(exc).splitlines() or [""])[0]
         raise UsageError(f"backend {backend!r}: importing {decl.module} failed: {type(exc).__name__}: {first}") from None

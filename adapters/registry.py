@@ -15,6 +15,11 @@ The adapter module has the protocol of the built-in ones: `implementations(devic
 `kernel_adapter(fn, device, name)` (optionally `check_kernel_signature(fn)`). A plain-module entry
 point declares its devices with a module-level `DEVICES` tuple (default: cpu only).
 
+A backend's other powers live in its pack (attnconf.adapters.pack): the package named by the
+declaration's `pack`, else the adapter module itself when it is a package. The engine finds every
+pack's regions, alternatives and witnesses modules and its divergences.toml through `pack_modules`
+and `divergences_file` below, for built-in packs and entry points alike.
+
 Nothing here imports a framework: "installed" means every import name is found by
 `importlib.util.find_spec`, and versions come from the installed distributions' metadata.
 """
@@ -25,7 +30,10 @@ import importlib.metadata
 import importlib.util
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Iterator, Mapping
+
+from attnconf.adapters import pack as _pack
 
 ENTRY_POINT_GROUP = "attnconf.backends"
 
@@ -45,6 +53,16 @@ class Backend:
     # implementations too slow for a default run, with the measured reason: a run tests them only when
     # --impl names them; `make report` runs each in a process of its own
     opt_in: tuple[tuple[str, str], ...] = ()
+    pack: str | None = None                   # the package of its regions, alternatives, witnesses, divergences
+
+    @property
+    def package(self) -> str | None:
+        """The backend's pack: `pack`, else the adapter module when it is a package (None: it has none)."""
+        if self.note:
+            return None
+        if self.pack:
+            return self.pack
+        return self.module if _pack.folder(self.module) is not None else None
 
     @property
     def install_hint(self) -> str:
@@ -163,7 +181,8 @@ def _from_entry_point(ep: importlib.metadata.EntryPoint) -> Backend:
     if not isinstance(decl, Backend):
         return Backend(ep.name, module, (), (), None, None, origin,
                        note=f"entry point {ep.value} is a {type(decl).__name__}, not an attnconf Backend")
-    return Backend(ep.name, decl.module, tuple(decl.imports), tuple(decl.requirements), decl.devices, None, origin)
+    return Backend(ep.name, decl.module, tuple(decl.imports), tuple(decl.requirements), decl.devices, None, origin,
+                   pack=decl.pack)
 
 
 @dataclass
@@ -204,3 +223,17 @@ class Registry(Mapping[str, Backend]):
 
 
 REGISTRY = Registry()
+
+
+def pack_modules(power: str) -> list[str]:
+    """The import names of every registered pack's `power` module (regions, alternatives or witnesses),
+    built-in packs first, each pack once."""
+    packages = dict.fromkeys(b.package for b in REGISTRY.values())
+    return [m for p in packages if p for m in _pack.power_modules(p, power)]
+
+
+def divergences_file(backend: str) -> Path | None:
+    """The divergences.toml of a registered backend's pack (None: unknown backend, no pack, no file)."""
+    decl = REGISTRY.get(backend)
+    package = decl.package if decl is not None else None
+    return _pack.divergences_file(package) if package else None

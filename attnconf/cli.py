@@ -261,7 +261,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--convention", help="how the kernel is called (default: the backend's)")
     c.add_argument("--device", default="cpu", help="cpu, cuda (torch) or gpu (jax, tensorflow); default cpu")
     c.add_argument("--capabilities", help="FILE.toml declaring the kernel's scope")
-    c.add_argument("--divergences-dir", help="folder of divergence files (default: attnconf's spec/divergences)")
+    c.add_argument("--divergences-dir", help="folder of divergence files <backend>.toml (default: the backend pack's divergences.toml)")
     c.add_argument("--impl", help="without --kernel: only these implementations of the backend (comma-separated)")
     c.add_argument("--profile", default="ci", help="Hypothesis profile: dev, ci (default) or thorough")
     c.add_argument("--seed", type=int, help="Hypothesis seed")

@@ -1,4 +1,4 @@
-"""Every declared divergence still behaves as documented on its witness case (spec/divergences/<backend>.toml).
+"""Every declared divergence still behaves as documented on its witness case (adapters/<backend>/divergences.toml).
 
 The witness of an entry is run without the entry and judged twice: against the spec, and against
 the behaviour the entry declares instead. Its status goes to the run file, the report and the

@@ -14,7 +14,7 @@ output. Autograd through that forward, every product accumulated in the dtype by
 The softmax's own gradient uses the float32 weights, as autograd through a cast does (Keras casts its
 float32 softmax to the dtype before P V); the error of the logits' accumulation reaches every gradient
 through P, which is why it shows at large head dims even where the backward's reductions are short
-(measured on Keras eager, reports/findings/TF-EAGER-HALF-ACCUMULATION.md). A GQA group's per-head dK
+(measured on Keras eager, adapters/tensorflow/findings/TF-EAGER-HALF-ACCUMULATION.md). A GQA group's per-head dK
 and dV are summed in the dtype, one rounding per addition (the gradient of repeating K and V).
 """
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The findings: real defects attnconf found in implementations nobody here wrote.
 
-Each finding is two files in `reports/findings/`: `<ID>.md` (the write-up) and `<ID>.py` (a
-self-contained reproduction that needs only the target library and NumPy). This module parses
-the write-ups, checks that they have the fields and sections the format requires, and renders
-the index table of `reports/findings/README.md`, so that the index is generated, never edited.
+Each finding is two files: `<ID>.md` (the write-up) and `<ID>.py` (a self-contained reproduction
+that needs only the target library and NumPy), in the `findings/` folder of the backend pack whose
+target it is (`adapters/<backend>/findings/`), or in `reports/findings/` when no built-in backend
+runs its target. This module parses the write-ups, checks that they have the fields and sections the
+format requires, and renders the index table of `reports/findings/README.md` over all of them, so
+that the index is generated, never edited.
 
     python -m attnconf.reports.findings_index            # rewrite the index in README.md
     python -m attnconf.reports.findings_index --check    # exit 1 if the committed index is stale
@@ -21,6 +23,7 @@ The format (also in reports/findings/README.md):
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -133,10 +136,26 @@ def known_clause_ids() -> set[str]:
     return set(spec.clauses())
 
 
-def load_all(directory: Path = FINDINGS_DIR, validate_clauses: bool = True) -> list[Finding]:
-    """Every finding write-up in `directory` (README.md excluded), sorted by id."""
+def folders() -> list[Path]:
+    """Where findings live: reports/findings/, then every backend pack's findings/ folder."""
+    return [FINDINGS_DIR, *sorted((ROOT / "adapters").glob("*/findings"))]
+
+
+def writeups(directory: Path | None = None) -> list[Path]:
+    """Every write-up in `directory`, or in all of `folders()` (README.md excluded), sorted by id."""
+    paths = [p for d in ([directory] if directory else folders()) for p in d.glob("*.md") if p.name != "README.md"]
+    return sorted(paths, key=lambda p: p.stem)
+
+
+def load_all(directory: Path | None = None, validate_clauses: bool = True) -> list[Finding]:
+    """Every finding write-up in `directory` (default: every folder of findings), sorted by id."""
     known = known_clause_ids() if validate_clauses else None
-    return [parse(p, known) for p in sorted(directory.glob("*.md")) if p.name != "README.md"]
+    return [parse(p, known) for p in writeups(directory)]
+
+
+def link(path: Path) -> str:
+    """A write-up's link from the index (reports/findings/README.md)."""
+    return Path(os.path.relpath(path, FINDINGS_DIR)).as_posix()
 
 
 def _cell(text: str) -> str:
@@ -150,7 +169,7 @@ def render_index(findings: list[Finding]) -> str:
             "|---|---|---|---|---|---|---|"]
     for f in findings:
         upstream = f.fields.get("upstream", "not filed (draft in the write-up)")
-        rows.append(f"| [{f.id}]({f.id}.md) | {_cell(f.fields['target'])} | {', '.join(f.clauses)} | "
+        rows.append(f"| [{f.id}]({link(f.path)}) | {_cell(f.fields['target'])} | {', '.join(f.clauses)} | "
                     f"{f.fields['kind']} | {f.status} | {_cell(upstream)} | {_cell(f.title)} |")
     rows += ["", END]
     return "\n".join(rows)

@@ -165,17 +165,27 @@ def load_clauses(spec_dir: Path = SPEC_DIR) -> list[Clause]:
 
 
 def load_divergence_entries(spec_dir: Path = SPEC_DIR) -> dict[str, dict[str, Any]]:
-    """Divergence entries from spec/divergences/*.toml, by id (titles, links, versions)."""
+    """Divergence entries of every registered backend pack's divergences.toml (and of any
+    `<spec_dir>/divergences/*.toml`), by id (titles, links, versions)."""
+    from attnconf.adapters.registry import REGISTRY, divergences_file
+
     out: dict[str, dict[str, Any]] = {}
-    for path in sorted((spec_dir / "divergences").glob("*.toml")):
+    packs = [p for b in REGISTRY if (p := divergences_file(b))]
+    for path in [*sorted((spec_dir / "divergences").glob("*.toml")), *packs]:
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError:
             continue  # the spec tests report a broken file; the report still renders
         for entry in data.get("divergence", []):
             if "id" in entry:
-                out[entry["id"]] = {**entry, "file": f"spec/divergences/{path.name}"}
+                out[entry["id"]] = {**entry, "file": _shown(path)}
     return out
+
+
+def _shown(path: Path) -> str:
+    """A data file's path as reports show it: relative to the checkout or the installed package."""
+    root = SPEC_DIR.parent
+    return str(path.relative_to(root)) if path.is_relative_to(root) else path.name
 
 
 def _impl_key(run: dict[str, Any], implementation: str | None) -> ImplKey:

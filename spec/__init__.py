@@ -97,16 +97,18 @@ def load_divergences(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def divergences(backend: str, directory: Path | None = None) -> list[dict[str, Any]]:
-    path = (directory or HERE / "divergences") / f"{backend}.toml"
+def divergences(backend: str, directory: Path) -> list[dict[str, Any]]:
+    """The entries of `<directory>/<backend>.toml` (none if there is no such file). A backend's own
+    divergences.toml lives in its pack: attnconf.conformance.engine.divergences.backend_entries finds it."""
+    path = directory / f"{backend}.toml"
     return load_divergences(path) if path.exists() else []
 
 
 @cache
 def spec_hash() -> str:
-    """sha256 over SPEC.md and every TOML file of the spec."""
+    """sha256 over SPEC.md and every TOML file of the spec (the backends' divergence files are their packs')."""
     h = hashlib.sha256()
-    for p in sorted([*HERE.glob("*.toml"), *HERE.glob("*.md"), *(HERE / "divergences").glob("*.toml")]):
+    for p in sorted([*HERE.glob("*.toml"), *HERE.glob("*.md")]):
         h.update(p.name.encode())
         h.update(p.read_bytes())
     return h.hexdigest()

@@ -1,5 +1,5 @@
 """An independent NumPy derivation of what `flax.linen.dot_product_attention` and equinox compute on
-fully-masked rows: an alternative for spec/divergences/flax.toml (`instead = "masked_logits_constant"`).
+fully-masked rows: an alternative for adapters/flax/divergences.toml (`instead = "masked_logits_constant"`).
 
 Both replace a masked logit by a constant, `jnp.finfo(dtype).min`, *after* the bias is added
 (flax/linen/attention.py `dot_product_attention_weights`: `jnp.where(mask, attn_weights, big_neg)`;

@@ -1,6 +1,6 @@
-"""The findings in reports/findings/ stay true and stay in the format.
+"""The findings (reports/findings/ and every backend pack's findings/) stay true and stay in the format.
 
-Every `reports/findings/<ID>.py` runs in its own process (the project's interpreter, a scratch
+Every `<ID>.py` runs in its own process (the project's interpreter, a scratch
 working directory, so nothing of attnconf is importable) and must report what its write-up's
 status says: exit 0 with a `REPRODUCED:` line while the status is `reproduces`, exit 1 with a
 `NOT REPRODUCED:` line once it is `fixed`. Exit 2 with `CANNOT RUN:` (the target library is not
@@ -26,10 +26,9 @@ import pytest
 from attnconf.reports import findings_index as fi
 
 ROOT = Path(__file__).resolve().parent.parent
-DIR = ROOT / "reports" / "findings"
-SCRIPTS = sorted(DIR.glob("*.py"))
-WRITEUPS = sorted(p for p in DIR.glob("*.md") if p.name != "README.md")
-IDS = sorted({p.stem for p in SCRIPTS} | {p.stem for p in WRITEUPS})
+# finding id -> its folder (reports/findings/ or adapters/<backend>/findings/)
+HOME = {p.stem: d for d in fi.folders() for p in [*d.glob("*.py"), *d.glob("*.md")] if p.name != "README.md"}
+IDS = sorted(HOME)
 TIMEOUT_S = 300
 # What a reproduction may not import: the project itself, or its test machinery.
 FORBIDDEN_IMPORTS = {"attnconf", "spec", "reference", "adapters", "conformance", "reports", "tests",
@@ -69,7 +68,7 @@ class _Runner:
 @pytest.fixture(scope="module")
 def runner(request, tmp_path_factory):
     # Start only the reproductions this session selected (-k, node ids), all of them at once.
-    selected = [DIR / f"{item.callspec.params['fid']}.py" for item in request.session.items
+    selected = [HOME[item.callspec.params["fid"]] / f"{item.callspec.params['fid']}.py" for item in request.session.items
                 if getattr(item, "originalname", None) == "test_reproduction" and hasattr(item, "callspec")]
     r = _Runner(tmp_path_factory.mktemp("findings"), [s for s in selected if s.is_file()])
     yield r
@@ -88,13 +87,13 @@ def _tail(proc: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.parametrize("fid", IDS)
 def test_finding_has_script_and_writeup(fid):
-    assert (DIR / f"{fid}.py").is_file(), f"finding {fid} has a write-up but no reproduction script {fid}.py"
-    assert (DIR / f"{fid}.md").is_file(), f"finding {fid} has a reproduction script but no write-up {fid}.md"
+    assert (HOME[fid] / f"{fid}.py").is_file(), f"finding {fid} has a write-up but no reproduction script {fid}.py"
+    assert (HOME[fid] / f"{fid}.md").is_file(), f"finding {fid} has a reproduction script but no write-up {fid}.md"
 
 
 @pytest.mark.parametrize("fid", IDS)
 def test_writeup_format(fid):
-    path = DIR / f"{fid}.md"
+    path = HOME[fid] / f"{fid}.md"
     if not path.is_file():
         pytest.fail(f"finding {fid} has no write-up")
     finding = fi.parse(path, fi.known_clause_ids())
@@ -109,7 +108,7 @@ def test_writeup_format(fid):
 @pytest.mark.parametrize("fid", IDS)
 def test_script_is_self_contained(fid):
     """Only the target library, NumPy and the standard library: no attnconf, no test machinery."""
-    path = DIR / f"{fid}.py"
+    path = HOME[fid] / f"{fid}.py"
     if not path.is_file():
         pytest.fail(f"finding {fid} has no reproduction script")
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
@@ -161,7 +160,7 @@ def _check_reproduction(fid: str, directory: Path, runner) -> None:
 
 @pytest.mark.parametrize("fid", IDS)
 def test_reproduction(fid, runner):
-    _check_reproduction(fid, DIR, runner)
+    _check_reproduction(fid, HOME[fid], runner)
 
 
 def test_index_is_current():
@@ -174,7 +173,7 @@ def test_index_is_current():
 def test_index_lists_every_finding():
     text = fi.README.read_text(encoding="utf-8")
     for fid in IDS:
-        assert f"[{fid}]({fid}.md)" in text, f"reports/findings/README.md does not list {fid}"
+        assert f"[{fid}]({fi.link(HOME[fid] / f'{fid}.md')})" in text, f"reports/findings/README.md does not list {fid}"
 
 
 # ---- the checker itself can fail (a test that cannot fail is a defect) -----------------------

@@ -1,5 +1,5 @@
 """The finite_mask_bias alternative: what a kernel computes that receives hidden keys as a boolean mask and
-adds it as a finite bias in float32 (torch's and JAX's cuDNN paths on an H100, spec/divergences)."""
+adds it as a finite bias in float32 (torch's and JAX's cuDNN paths on an H100, adapters/torch and adapters/jax divergences.toml)."""
 from __future__ import annotations
 
 import numpy as np

@@ -53,7 +53,8 @@ def test_wheel_layout_is_declared() -> None:
 def runtime_data_files() -> list[str]:
     """Every non-Python file of the five folders that code reads, as its path inside the wheel."""
     files = [*(ROOT / "spec").glob("*.toml"), *(ROOT / "spec").glob("*.md"), *(ROOT / "spec" / "divergences").glob("*"),
-             *(ROOT / "spec" / "witnesses").glob("*.npz"), ROOT / "reports" / "schema.json",
+             *(ROOT / "adapters").glob("*/divergences.toml"), *(ROOT / "adapters").glob("*/witnesses/*.npz"),
+             ROOT / "reports" / "schema.json",
              ROOT / "conformance" / "pytest-attnconf.ini"]
     return sorted(f"attnconf/{p.relative_to(ROOT)}" for p in files)
 

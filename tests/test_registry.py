@@ -98,3 +98,19 @@ def test_builtin_layer_adapters_declare_the_protocol(backend: str) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     count, ok = proc.stdout.split()[-2:]
     assert int(count) >= 1 and ok == "True"
+
+
+def test_builtin_packs_are_found_through_the_registry() -> None:
+    """Each built-in backend is a pack (attnconf.adapters.<name>); the engine's discovery lists their
+    regions, alternatives and witnesses modules and their divergences.toml from the declarations."""
+    from attnconf.adapters.registry import BUILTIN, divergences_file, pack_modules
+
+    assert all(b.package == b.module == f"attnconf.adapters.{b.name}" for b in BUILTIN)
+    files = {b.name: divergences_file(b.name) for b in BUILTIN}
+    assert all(p is None or p == ROOT / "adapters" / name / "divergences.toml" for name, p in files.items())
+    assert {n for n, p in files.items() if p} == {b.name for b in BUILTIN} - {"numpy"}
+    assert divergences_file("no-such-backend") is None
+    for power in ("regions", "alternatives", "witnesses"):
+        assert {f"attnconf.adapters.{b}.{power}" for b in ("onnx", "tinygrad", "transformers", "flax")} <= \
+            set(pack_modules(power))
+    assert "attnconf.adapters.torch.witnesses" in pack_modules("witnesses")

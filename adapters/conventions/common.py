@@ -36,8 +36,8 @@ from attnconf.spec.vocabulary import DTYPES
 
 from ..base import Adapter, ConventionViolation, KernelError, NotSupported, Result
 from ..contract import is_refusal
-from ..scope import Scope
-from ..torch_convert import device_info, dtype_name, limit_threads, to_numpy, to_tensor
+from attnconf.adapters.scope import Scope
+from attnconf.adapters.torch.convert import device_info, dtype_name, limit_threads, to_numpy, to_tensor
 
 
 # ---- alignment ---------------------------------------------------------------------------

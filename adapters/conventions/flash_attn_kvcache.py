@@ -227,7 +227,7 @@ class FlashAttnKVCache(Convention):
     @staticmethod
     def check_cache(ad: ConventionAdapter, c: Cache, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         """ATTN-PAGED-3: the appended keys are where the convention says, and nothing else changed."""
-        from ..torch_convert import to_numpy
+        from attnconf.adapters.torch.convert import to_numpy
 
         for name, got_t, want, before in (("k_cache", k_cache, c.k_after, c.k), ("v_cache", v_cache, c.v_after, c.v)):
             got = to_numpy(got_t)

@@ -39,19 +39,17 @@ __all__ = ["ALTERNATIVES", "FINITE_SOURCES", "FORWARD", "GRADIENTS", "PRECISIONS
 
 
 def load_all() -> None:
-    """Import every `alternatives_<backend>.py` beside this module (their @alternative functions register)."""
+    """Import every registered backend pack's `alternatives` module (their @alternative functions register)."""
     import importlib
-    import pkgutil
 
-    import attnconf.conformance as pkg
+    from attnconf.adapters.registry import pack_modules
 
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name.startswith("alternatives_"):
-            module = importlib.import_module(f"attnconf.conformance.{info.name}")
-            # a module may also list expected-value functions under ALTERNATIVES (name -> fn(case))
-            for name, fn in getattr(module, "ALTERNATIVES", {}).items():
-                if name not in ALTERNATIVES:
-                    expected_values(name, fn)
+    for module_name in pack_modules("alternatives"):
+        module = importlib.import_module(module_name)
+        # a module may also list expected-value functions under ALTERNATIVES (name -> fn(case))
+        for name, fn in getattr(module, "ALTERNATIVES", {}).items():
+            if name not in ALTERNATIVES:
+                expected_values(name, fn)
 
 
 def check(entry: dict[str, Any], case, res, masks: dict[str, np.ndarray], *, as_dtype: str | None = None,

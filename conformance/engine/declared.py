@@ -1,7 +1,7 @@
 """A kernel's documented behaviour (adapters/contract.py) as divergence entries it owns.
 
 `empty_rows`, `compute_dtype` and `scale_rounding` each become one or two entries of the same
-shape as those of spec/divergences/<backend>.toml: a region, an alternative (`instead`), the
+shape as those of adapters/<backend>/divergences.toml: a region, an alternative (`instead`), the
 quantities and dtypes they cover, owned by the one implementation that declared them. The harness
 then applies them element by element like any other entry (harness.run): inside the region the
 kernel is held to its declared behaviour, and a contradiction fails the entry's clause; outside,

@@ -1,4 +1,4 @@
-"""Which declared divergences (spec/divergences/<backend>.toml) hold here, and what they cover in a case.
+"""Which declared divergences (a backend pack's divergences.toml) hold here, and what they cover in a case.
 
 Entries are loaded and field-checked by `attnconf.spec.load_divergences`; this module checks what
 the spec loader cannot (known region, alternative and witness; a bound where the region is "any"),
@@ -25,6 +25,18 @@ GRADIENT_CLAUSES = {"ATTN-GRAD-1", "ATTN-GRAD-2", "ATTN-EMPTY-3", "ATTN-TOL-5"}
 
 class DivergenceError(ValueError):
     """A divergence entry that cannot be used (one line naming file, entry and field)."""
+
+
+def backend_entries(backend: str, directory: Path | None = None) -> list[dict[str, Any]]:
+    """A backend's declared divergences: `<directory>/<backend>.toml` when a folder is given
+    (--divergences-dir), else the divergences.toml of its pack (found through the registry)."""
+    from attnconf import spec
+    from attnconf.adapters.registry import divergences_file
+
+    if directory is not None:
+        return spec.divergences(backend, directory)
+    path = divergences_file(backend)
+    return spec.load_divergences(path) if path is not None else []
 
 
 # ---- conditions ----------------------------------------------------------------------------

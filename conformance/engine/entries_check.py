@@ -55,12 +55,12 @@ def problems(run: dict, *, require_witness: bool = False) -> tuple[list[str], li
 def witness_jobs(backends: list[str]) -> list[tuple[str, str | None]]:
     """(backend, implementation) per process: each backend's default implementations together, then
     each opt-in implementation (registry.py) that some entry names, alone."""
-    from attnconf import spec
     from attnconf.adapters.registry import REGISTRY
+    from attnconf.conformance.engine.divergences import backend_entries
 
     jobs: list[tuple[str, str | None]] = []
     for b in backends:
-        named = {i for e in spec.divergences(b) for i in e.get("implementations", ())}
+        named = {i for e in backend_entries(b) for i in e.get("implementations", ())}
         jobs.append((b, None))
         jobs += [(b, name) for name, _ in REGISTRY[b].opt_in if name in named]
     return jobs

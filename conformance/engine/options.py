@@ -49,7 +49,7 @@ def add_options(parser: pytest.Parser) -> None:
                 help=f"seconds after which no further test starts; the verdict is then INCOMPLETE "
                      f"(default {DEFAULT_RUN_TIMEOUT_S:g}; 0 = none)")
     g.addoption("--memory-limit", type=float, default=4.0, help="GiB of address space for the isolated worker (default 4)")
-    g.addoption("--divergences-dir", default=None, help="folder of divergence files (default spec/divergences)")
+    g.addoption("--divergences-dir", default=None, help="folder of <backend>.toml divergence files (default: the pack's divergences.toml)")
     g.addoption("--long", action="store_true", help="also check long sequences against the tiled reference (ATTN-LONG-1)")
     g.addoption("--measure-memory", action="store_true", help="record peak memory against sequence length (ATTN-PROP-7)")
 
@@ -86,7 +86,7 @@ def build_session(config: pytest.Config) -> harness.Session:
     from attnconf.reference import Case
 
     from attnconf.conformance.engine import harness
-    from attnconf.conformance.engine.divergences import DivergenceError, Divergences
+    from attnconf.conformance.engine.divergences import DivergenceError, Divergences, backend_entries
 
     backend = config.getoption("--backend")
     options = {"allow_tf32": config.getoption("--allow-tf32")}
@@ -106,7 +106,7 @@ def build_session(config: pytest.Config) -> harness.Session:
     load_witnesses()
     try:
         folder = config.getoption("--divergences-dir")
-        entries = spec.divergences(backend, Path(folder) if folder else None)
+        entries = backend_entries(backend, Path(folder) if folder else None)
         from attnconf.conformance.engine.alternatives_contracts import contract_entries
 
         entries = entries + contract_entries(impls)     # a declared accuracy contract (SPEC section 29)

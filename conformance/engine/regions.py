@@ -11,13 +11,12 @@ that returns either
   the dK/dV rows of the keys they could reach.
 
 Register with @region; divergence files name regions by function name.
-Backend-specific regions live in `conformance/regions_<backend>.py` beside this
-module and are imported by `load_all()`.
+Backend-specific regions live in the backend's pack (`adapters/<backend>/regions.py`,
+attnconf.adapters.pack); `load_all()` imports those of every registered backend.
 """
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from typing import Callable
 
 import numpy as np
@@ -337,9 +336,8 @@ def touches(rows: np.ndarray | None) -> bool:
 
 
 def load_all() -> None:
-    """Import every `regions_<backend>.py` beside this module (their @region functions register)."""
-    import attnconf.conformance as pkg
+    """Import every registered backend pack's `regions` module (their @region functions register)."""
+    from attnconf.adapters.registry import pack_modules
 
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name.startswith("regions_"):
-            importlib.import_module(f"attnconf.conformance.{info.name}")
+    for name in pack_modules("regions"):
+        importlib.import_module(name)

@@ -7,8 +7,6 @@ so an entry that no longer applies is noticed and removed. Register with
 from __future__ import annotations
 
 import importlib
-import pkgutil
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -72,35 +70,11 @@ def masked_huge_logit_half() -> Case:
     return Case.build(q, k, v, mask=mask, dtype="float16")
 
 
-STORED = Path(__file__).resolve().parents[2] / "spec" / "witnesses"
-
-
-@witness
-def cudnn_masked_leak_half_torch() -> Case:
-    """The exact float16 case torch's cuDNN path failed on an H100 (hidden logit 6.76e4; output 12920
-    where the reference is -0.289), rebuilt from the run's log and stored as .npz."""
-    return Case.load(STORED / "torch-cudnn-masked-leak-f16.npz")
-
-
-@witness
-def cudnn_masked_leak_half_jax() -> Case:
-    """The exact float16 case jax:cudnn failed on an H100 (hidden logit 6.15e4; 60000 where the
-    reference is -0.378), rebuilt from the run's log and stored as .npz."""
-    return Case.load(STORED / "jax-cudnn-masked-leak-f16.npz")
-
-
 @witness
 def negative_scale_causal() -> Case:
     """scale = -0.35 with top-left causal masking: an ordinary, finite problem."""
     q, k, v = _qkv(np.random.default_rng(8), lq=3, lk=3)
     return Case.build(q, k, v, causal="top_left", scale=-0.35, dtype="float32")
-
-
-@witness
-def flash_grad_large_logits() -> Case:
-    """float32, logits ~1e3, one fully-masked row: torch's CPU flash dV was 63x the baseline error
-    (found by the ci profile under --hypothesis-seed=3; stored as .npz)."""
-    return Case.load(STORED / "torch-cpu-flash-grad-large-logits-f32.npz")
 
 
 @witness
@@ -134,7 +108,7 @@ def padded_query_row() -> Case:
     return Case.build(q, k, v, q_lengths=[2], dtype="float32")
 
 
-# ---- appended for the tensorflow backend (adapters/tensorflow.py) ----------
+# ---- appended for the tensorflow backend (adapters/tensorflow/adapter.py) ----------
 @witness
 def multi_query_heads() -> Case:
     """Four query heads sharing one KV head (MQA)."""
@@ -190,7 +164,7 @@ def half_accumulation_layer():
     return random_layer_case(np.random.default_rng(3), 1, 8, 16, 128, 2, dtype="bfloat16", biases=False)
 
 
-# ---- appended for the torch backend (adapters/torch.py) ---------------------
+# ---- appended for the torch backend (adapters/torch/adapter.py) ---------------------
 @witness
 def fully_masked_row_half() -> Case:
     """fully_masked_row in float16, for kernels that run only half precision (cuDNN, flash on CUDA)."""
@@ -200,8 +174,7 @@ def fully_masked_row_half() -> Case:
     return Case.build(q, k, v, mask=mask, dtype="float16")
 
 
-
-# ---- appended for spec/divergences/jax.toml (jax:cudnn runs only float16/bfloat16) ----
+# ---- appended for adapters/jax/divergences.toml (jax:cudnn runs only float16/bfloat16) ----
 @witness
 def fully_masked_row_bfloat16() -> Case:
     """fully_masked_row in bfloat16, head dim 8: runnable by cuDNN."""
@@ -209,21 +182,6 @@ def fully_masked_row_bfloat16() -> Case:
     mask = np.ones((1, 1, 4, 6), dtype=bool)
     mask[..., 1, :] = False
     return Case.build(q, k, v, mask=mask, dtype="bfloat16")
-
-
-@witness
-def cudnn_padding_empty_rows_half() -> Case:
-    """The float16 case (kv lengths 5, 2, 3; query lengths 4, 2, 0) whose 12 padded or emptied rows torch's
-    cuDNN path filled with attention over their hidden keys on an H100 (up to 2.02 where the spec says 0):
-    a conformance run's saved failing case, stored as .npz."""
-    return Case.load(STORED / "torch-cudnn-padding-empty-rows-f16.npz")
-
-
-@witness
-def cudnn_empty_row_grads_half() -> Case:
-    """The float16 case (a mask hiding one of two keys, kv length 0) whose dV torch's cuDNN path got wrong
-    by 2.2 on an H100 (the spec's dV is 0): a conformance run's saved failing case, stored as .npz."""
-    return Case.load(STORED / "torch-cudnn-empty-row-grads-f16.npz")
 
 
 @witness
@@ -235,17 +193,9 @@ def zero_scale_half() -> Case:
     return Case.build(q, k, v, scale=0.0, dtype="float16")
 
 
-@witness
-def efficient_grad_large_logits() -> Case:
-    """float32, large logits, kv lengths 1 and 2: torch's CUDA memory-efficient dV was 1.46e3x the baseline
-    error on an H100 (3.5e-4 at |dV| 2.18), a conformance run's saved failing case stored as .npz."""
-    return Case.load(STORED / "torch-cuda-efficient-grad-large-logits-f32.npz")
-
-
 def load_all() -> None:
-    """Import every `witnesses_<backend>.py` beside this module (their @witness functions register)."""
-    import attnconf.conformance as pkg
+    """Import every registered backend pack's `witnesses` module (their @witness functions register)."""
+    from attnconf.adapters.registry import pack_modules
 
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name.startswith("witnesses_"):
-            importlib.import_module(f"attnconf.conformance.{info.name}")
+    for name in pack_modules("witnesses"):
+        importlib.import_module(name)

@@ -38,7 +38,7 @@ MARK = "__cudnn$fmha"
 DEADLINE = time.time() + float(os.environ.get("VERIFY_BUDGET_S", "300"))
 
 
-# ---- translation (mirrors adapters/jax_translate.py, kept local on purpose) ----
+# ---- translation (mirrors adapters/jax/translate.py, kept local on purpose) ----
 def jax_args(case: Case, full_bias: bool):
     s = case.shape
     t = {"bfloat16": jnp.bfloat16}.get(case.dtype, case.dtype)

@@ -1,5 +1,5 @@
 """Kernels in the `jax.nn.dot_product_attention` convention (`--backend=jax --kernel=...`), for the kernel
-adapter's window and gradient tests (tests/test_adapter_jax.py):
+adapter's window and gradient tests (adapters/jax/tests/test_adapter_jax.py):
 
 - `attention`: correct per spec/SPEC.md, in plain jax.numpy: BTNH, bool mask (True = attend), additive bias,
   top-left `is_causal`, query/key padding, `local_window_size` as jax defines it (key j is visible to query i
