@@ -36,15 +36,16 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, TypeVar
 
 from attnconf.spec.vocabulary import CAPABILITIES, DTYPES
 
 from .contract import CONTRACT_KEYS, Contract, ContractError
 from .contract import parse as parse_contract
 
-if TYPE_CHECKING:
-    from .base import Adapter
+# any adapter (adapters.base.Adapter or a subclass): typed by a TypeVar so that this module, which
+# base imports, does not import base back
+Adapter = TypeVar("Adapter")
 
 ATTRIBUTE = "attnconf_capabilities"
 # What a declaration says besides features; `Scope.as_dict` uses the same words.
