@@ -68,6 +68,13 @@ def sliding_window_one_with_cache(case: Case) -> bool:
 
 
 @case_region
+def sliding_window_one_cache(case: Case) -> bool:
+    """`sliding_window_one_with_cache` as a case region, prefill and decoding alike: flex_attention checks the
+    BlockMask's (Lq, Lq) size against the P + Lq keys and raises instead of broadcasting a decode mask."""
+    return sliding_window_one_with_cache(case)
+
+
+@case_region
 def sliding_window_one_cache_prefill(case: Case) -> bool:
     """`sliding_window_one_with_cache` with Lq > 1: the Lq-column mask cannot broadcast over P + Lq keys."""
     return sliding_window_one_with_cache(case) and case.shape["Lq"] > 1

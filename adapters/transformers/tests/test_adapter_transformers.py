@@ -3,6 +3,7 @@ exact boundary key), agreement with the reference, honest refusals, and that eve
 behaves as its entry says. Flex compiles per graph (tens of seconds on CPU): its checks are marked slow."""
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -292,7 +293,11 @@ def _check_declared(entry, case: Case, a) -> None:
             f"{entry['id']}: {a.name} conforms on its witness"
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e["id"] for e in ENTRIES])
+FLEX_ONLY = [e for e in ENTRIES if e["implementations"] == ["transformers:flex"]]
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e not in FLEX_ONLY],
+                         ids=[e["id"] for e in ENTRIES if e not in FLEX_ONLY])
 def test_witness_shows_the_divergence(entry):
     load_witnesses()      # an entry may name another pack's witness (torch's flash_grad_large_logits)
     case = WITNESSES[entry["witness"]]()
@@ -372,14 +377,14 @@ def test_regions_are_row_arrays():
 # ---- flex (compiles per graph: slow) -----------------------------------------------------------------
 
 def _flex_run(case: Case):
-    """Run flex; a recompile that hits torch inductor's CPU template bug (reports/findings/
-    TRANSFORMERS-FLEX-CPU-COMPILE-ERROR.md: undeclared `cur_kvSplitSize0` / `cur_qSplitSize0`, depending on
-    the calls before it in the process) skips with that name; any other error fails."""
+    """Run flex; a recompile that hits torch inductor's CPU template bug (adapters/transformers/findings/
+    TRANSFORMERS-FLEX-CPU-COMPILE-ERROR.md: undeclared `cur_kvSplitSize<digits>` / `cur_qSplitSize<digits>`,
+    depending on the calls before it in the process) skips with that name; any other error fails."""
     try:
         return tfa.FlexAdapter().run(case)
     except Exception as exc:
         text = str(exc.__cause__ or exc)
-        if "CppCompileError" in text and "SplitSize0" in text:
+        if "CppCompileError" in text and re.search(r"cur_(q|kv)SplitSize\d", text):
             pytest.skip("TRANSFORMERS-FLEX-CPU-COMPILE-ERROR (torch inductor CPU flex template) in this sequence")
         raise
 
@@ -390,6 +395,17 @@ def test_flex_window_boundaries_exact(window, align, causal, lq, lk, expected):
     case = _onehot(window, align, causal, lq, lk)
     assert tfa.FlexAdapter().supports(case) is True
     _assert_boundaries(_flex_run(case), case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", FLEX_ONLY, ids=[e["id"] for e in FLEX_ONLY])
+def test_flex_witness_raises(entry):
+    """The flex-only entries are all `raises`: the witness raises, naming the BlockMask/key-length mismatch."""
+    assert entry["instead"] == "raises"
+    case = WITNESSES[entry["witness"]]()
+    assert getattr(RT, entry["region"])(case)
+    with pytest.raises(Exception, match="block_mask was created for"):
+        tfa.FlexAdapter().run(case)
 
 
 @pytest.mark.slow
