@@ -32,8 +32,6 @@ def test_long_sequences(impl, length, dtype):
     rows = sampled_rows(length, rng)
     case = long_case(length, dtype, rng, rows)
     res = run(impl, case)
-    if res is None:
-        return
     sub = rows_case(case, rows)
     got = np.asarray(res.out)[:, :, rows]
     j = judge_output(got, sub)
