@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import signal
 import threading
-from typing import Any, Iterable
+from typing import Any, Iterable, NoReturn
 
 import numpy as np
 
@@ -86,7 +86,7 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else ""
 
 
-def _raised(rec: TestRecord, raising: list, exc: BaseException, clause: str, case, impl_name: str) -> None:
+def _raised(rec: TestRecord, raising: list, exc: BaseException, clause: str, case, impl_name: str) -> NoReturn:
     """A call that raised: as a declared divergence says (recorded, the example ends), or a failure of
     `clause` (or of the calling-convention contract the error names)."""
     if raising:
