@@ -49,8 +49,6 @@ def test_alibi_equals_its_explicit_bias(impl, case):
     explicit = st.alibi_as_bias(case)
     need = lse_need(impl, case)
     r1, r2 = run(impl, case, need=need), run(impl, explicit, need=need)
-    if r1 is None or r2 is None:
-        return
     j1 = expect_close(r1.out, case, impl, clause="ATTN-ALIBI-2")
     j2 = expect_close(r2.out, explicit, impl, clause="ATTN-ALIBI-2")
     expect_agree(r1.out, j1, r2.out, j2, gap=reference_gap(case, explicit), clause="ATTN-ALIBI-2",
@@ -73,7 +71,5 @@ def test_alibi_equals_its_explicit_bias(impl, case):
 def test_alibi_gradients(impl, case):
     """dQ, dK, dV with ALiBi agree with the float64 backward (ALiBi changes P only)."""
     res = run(impl, case, grads=True)
-    if res is None:
-        return
     for j in judge_gradients(res.grads, case):
         judge(j, case, impl)

@@ -30,8 +30,6 @@ def test_decode_matches_reference(impl, case):
     """Lq = 1 against Lk up to 4096 (GQA, per-sequence lengths, window, softcap, ALiBi, sinks) agrees with the
     reference, output and (where returned) lse."""
     res = run(impl, case, need=lse_need(impl, case))
-    if res is None:
-        return
     expect_close(res.out, case, impl, clause="ATTN-DECODE-1")
     if res.lse is not None:
         judge(judge_lse(res.lse, case), case, impl, "ATTN-DECODE-1")

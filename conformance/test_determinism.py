@@ -49,14 +49,10 @@ def test_reruns_are_bitwise_identical(impl, case):
         case = case.replace(dropout_p=DROPOUT_P)
     grads = "grads" in impl.capabilities
     first = run(impl, case, grads=grads)
-    if first is None:
-        return
     want = _arrays(first)
     spread, differs = 0.0, []
     for r in range(1, RERUNS + 1):
         again = run(impl, case, grads=grads)
-        if again is None:
-            return
         got = _arrays(again)
         for name, a in want.items():
             b = got.get(name)

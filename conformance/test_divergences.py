@@ -18,11 +18,10 @@ PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not ba
 import numpy as np
 import pytest
 
-from attnconf.adapters import KernelError, Result
 from attnconf.adapters.base import NotSupported
 from attnconf.conformance.engine import alternatives
 from attnconf.conformance.engine.divergences import Applied
-from attnconf.conformance.engine.harness import KernelAborted, call_kernel, clauses, expect, lse_need, observe
+from attnconf.conformance.engine.harness import clauses, expect, invoke, lse_need, observe
 from attnconf.conformance.engine.regions import rows_of, touches
 from attnconf.conformance.engine.witnesses import WITNESSES
 
@@ -42,7 +41,8 @@ def _as_layer(case):
 
 
 def witness_status(impl, entry) -> tuple[str, str]:
-    """(status, detail) of one entry's witness on this implementation."""
+    """(status, detail) of one entry's witness on this implementation, called through the one call path
+    (`harness.invoke`: the session's timeout, and a crash or a hang ends the test as it does anywhere)."""
     adapter = impl.adapter
     case = WITNESSES[entry["witness"]]()
     layer = getattr(adapter, "kind", "sdpa") == "layer"
@@ -53,10 +53,10 @@ def witness_status(impl, entry) -> tuple[str, str]:
         case = case.replace(grad_out=np.random.default_rng(0).normal(size=case.out_shape))
     if entry["instead"] == "returns":                      # an invalid call that must raise (ATTN-OP-6)
         try:
-            out = call_kernel(impl, case, lambda: adapter.run_raw(case.q, case.k, case.v, case.dtype))
+            out = invoke(impl, case, form="raw")
         except NotImplementedError:
             return UNRUNNABLE, "cannot be called on raw shapes"
-        except (KernelError, Exception):
+        except Exception:
             return STALE, "the invalid call raises now"
         return DIVERGES, f"returned an output of shape {tuple(np.shape(out))}"
     try:
@@ -71,13 +71,7 @@ def witness_status(impl, entry) -> tuple[str, str]:
     if ok is not True:
         return UNRUNNABLE, str(ok)
     try:
-        if layer:
-            res = Result(out=np.asarray(call_kernel(impl, case, lambda: adapter.run_layer(case)), np.float64),
-                         out_dtype=case.dtype)
-        else:
-            res = call_kernel(impl, case, lambda: adapter.run(case, grads=grads))
-    except KernelAborted:
-        raise
+        res = invoke(impl, case, form="layer" if layer else "sdpa", grads=grads)
     except Exception as exc:
         first = str(exc).splitlines()[0][:160] if str(exc) else ""
         if isinstance(exc, NotSupported) and entry["instead"] != "raises":   # the kernel says: not this case

@@ -81,12 +81,8 @@ def test_dropout_statistics(impl, case):
     no-dropout output, each within a Hoeffding bound at alpha / 3."""
     p = case.dropout_p
     first_draw = run(impl, draw_k(case, 0))     # first: a kernel that refuses dropout has nothing to pass here
-    if first_draw is None:
-        return
     plain = case.replace(dropout_p=0.0)
     r0 = run(impl, plain)
-    if r0 is None:
-        return
     j0 = expect_close(r0.out, plain, impl, clause="ATTN-DROP-1")
     w = oracle(plain).out                       # = the weights P, because V is the identity
     a = j0.allowed_max
@@ -96,8 +92,6 @@ def test_dropout_statistics(impl, case):
     outs = [first_draw.out]
     for k in range(1, n_calls):
         res = run(impl, draw_k(case, k))
-        if res is None:
-            return
         outs.append(res.out)
     outs = np.stack(outs)                                             # (N, B, H, Lq, Lk)
     kept_value = w / (1 - p)
@@ -156,8 +150,6 @@ def test_dropout_masks_are_independent(impl, case):
     kept = []
     for k in range(n_calls):
         res = run(impl, draw_k(case, k))
-        if res is None:
-            return
         kept.append(res.out != 0)                      # Q = K = 0: a kept entry is 1/(L (1 - p)) > 0
     kept = np.stack(kept)
     m = n_calls * pairs
@@ -181,14 +173,10 @@ def test_dropout_gradients_replay_the_forward_mask(impl, case):
     `kept_room` of the exact dropped-out weights."""
     p = case.dropout_p
     res = run(impl, case, grads=True)           # first: a kernel refusing dropout leaves the example unsupported
-    if res is None:
-        return
     expect(res.grads is not None and "dv" in res.grads, "ATTN-DROP-3",
            f"gradients missing under dropout: got {sorted(res.grads or {})}", case, impl)
     plain = case.replace(dropout_p=0.0)
     r0 = run(impl, plain, grads=True)
-    if r0 is None:
-        return
     a = expect_close(r0.out, plain, impl, clause="ATTN-DROP-1").allowed_max
     expect(r0.grads is not None and "dv" in r0.grads, "ATTN-GRAD-1",
            f"gradients missing: got {sorted(r0.grads or {})}", plain, impl)

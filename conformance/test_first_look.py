@@ -37,8 +37,6 @@ def test_pinned_cases_match_reference(impl, case):
         run(impl, case)             # records why the case lies outside the scope
         return
     res = run(impl, fitted)
-    if res is None:
-        return
     judge(judge_output(res.out, fitted), fitted, impl)
     if lse_need(impl, fitted):
         expect(res.lse is not None and res.lse.shape == fitted.out_shape[:3], "ATTN-W-3",

@@ -38,5 +38,4 @@ def layer_cases(draw):
 def test_layer_matches_reference(layer_impl, case):
     """The layer equals projections + per-head attention + concatenation + output projection."""
     out = run_layer(layer_impl, case)
-    if out is not None:
-        judge(judge_layer(out, case), case, layer_impl)
+    judge(judge_layer(out, case), case, layer_impl)

@@ -34,8 +34,6 @@ def test_linear_in_values(impl, case):
     c2 = case.replace(v=rng.normal(size=case.v.shape) * np.abs(case.v).max(initial=1.0))
     c3 = case.replace(v=a * case.v + b * c2.v)        # re-rounded to the dtype: its own reference says how
     runs = [run(impl, c) for c in (case, c2, c3)]
-    if any(r is None for r in runs):
-        return
     js = [expect_close(r.out, c, impl, clause="ATTN-PROP-9") for r, c in zip(runs, (case, c2, c3))]
     o1, o2, o3 = (r.out for r in runs)
     combo = a * o1 + b * o2
@@ -73,8 +71,6 @@ def test_output_in_convex_hull(impl, case):
     if rng.random() < 0.5:       # values >= 1: a row whose weights sum to less than 1 leaves the hull
         case = case.replace(v=case.v - case.v.min(initial=0.0) + 1.0)
     res = run(impl, case)
-    if res is None:
-        return
     vis = oracle(case).visible[..., None]                               # (B, H, Lq, Lk, 1)
     ve = expand_kv(case.v, case.shape["Hq"])[:, :, None]                # (B, H, 1, Lk, Dv)
     lo = np.where(vis, ve, np.inf).min(axis=-2, initial=np.inf)

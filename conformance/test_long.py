@@ -9,12 +9,13 @@ rows_case: O(rows x L) memory, where the whole case's would be O(L^2)).
 
 PYTEST_DONT_REWRITE: these modules state the spec through harness.expect, not bare asserts.
 """
+import contextlib
 import tracemalloc
 
 import numpy as np
 import pytest
 
-from attnconf.conformance.engine.harness import clauses, judge, observe, run
+from attnconf.conformance.engine.harness import NoResult, clauses, judge, observe, run
 from attnconf.conformance.strategies.long_cases import LONG_LENGTHS, long_case, sampled_rows
 from attnconf.conformance.engine.tolerance import judge_output
 from attnconf.reference import DTYPES, Case
@@ -32,8 +33,6 @@ def test_long_sequences(impl, length, dtype):
     rows = sampled_rows(length, rng)
     case = long_case(length, dtype, rng, rows)
     res = run(impl, case)
-    if res is None:
-        return
     sub = rows_case(case, rows)
     got = np.asarray(res.out)[:, :, rows]
     j = judge_output(got, sub)
@@ -66,7 +65,8 @@ def test_memory_growth(impl):
 def _warm_up(impl) -> None:
     """One small call first, so one-time allocations (thread pools, kernel caches) are not counted."""
     rng = np.random.default_rng(0)
-    run(impl, Case.build(*(rng.normal(size=(1, 1, 256, 64)) for _ in range(3)), dtype="float32"))
+    with contextlib.suppress(NoResult):       # a warm-up: whether it runs is the memory cases' to say
+        run(impl, Case.build(*(rng.normal(size=(1, 1, 256, 64)) for _ in range(3)), dtype="float32"))
 
 
 def _peak_bytes(impl, case) -> float:

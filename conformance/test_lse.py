@@ -29,8 +29,6 @@ def test_lse_matches_reference(impl, case):
     """With windows, softcap, ALiBi and sinks the kernel's lse has shape (B, Hq, Lq) and is the natural log of
     the row's softmax denominator (the sink's term and ALiBi's row constant included)."""
     res = run(impl, case, need={"lse"})
-    if res is None:
-        return
     expect(res.lse is not None and res.lse.shape == case.out_shape[:3], "ATTN-LSE-3",
            f"lse shape {None if res.lse is None else res.lse.shape} != (B, Hq, Lq) = {case.out_shape[:3]}", case, impl)
     judge(judge_lse(res.lse, case), case, impl, "ATTN-LSE-1")
@@ -54,8 +52,6 @@ def test_lse_is_the_natural_log(impl, case):
     """Q = 0 over n visible keys gives lse = ln n exactly (ln n + the sink's share with a sink; -inf over no key):
     a base-2 statistic (log2 n) or one scaled by ln 2 is told apart and named."""
     res = run(impl, case, need={"lse"})
-    if res is None:
-        return
     ref = oracle(case).lse
     j = judge_lse(res.lse, case)
     if not j.ok:
@@ -105,8 +101,6 @@ def test_merging_chunks_by_lse_gives_the_whole(impl, case):
         if part is None:
             continue
         res = run(impl, part, need={"lse"})
-        if res is None:
-            return
         expect(res.lse is not None and res.lse.shape == case.out_shape[:3], "ATTN-LSE-3",
                f"chunk lse shape {None if res.lse is None else res.lse.shape} != {case.out_shape[:3]}", part, impl)
         ref = oracle(part)

@@ -59,12 +59,8 @@ def test_query_permutation_equivariance(impl, case):
     """Permuting query rows (with mask and bias rows) permutes the output rows."""
     perm = np.random.default_rng(case.seed).permutation(case.shape["Lq"])
     res = run(impl, case)
-    if res is None:
-        return
     moved = permute_queries(case, perm)
     res2 = run(impl, moved)
-    if res2 is None:
-        return
     expect_close(res.out, case, impl, clause="ATTN-PROP-1")
     expect_close(res2.out, moved, impl, clause="ATTN-PROP-1")
 
@@ -75,11 +71,7 @@ def test_key_permutation_invariance(impl, case):
     """Permuting keys and values jointly (with mask and bias columns) leaves the output unchanged."""
     perm = np.random.default_rng(case.seed).permutation(case.shape["Lk"])
     res = run(impl, case)
-    if res is None:
-        return
     moved = permute_keys(case, perm)
     res2 = run(impl, moved)
-    if res2 is None:
-        return
     expect_close(res.out, case, impl, clause="ATTN-PROP-2")
     expect_close(res2.out, moved, impl, clause="ATTN-PROP-2")

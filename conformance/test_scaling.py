@@ -58,8 +58,6 @@ def test_effective_scale_is_declared(impl, case):
     """The scale recovered from two-key weights is 1/sqrt(Dk), or the given scale, within what the
     output tolerance allows."""
     res = run(impl, case)
-    if res is None:
-        return
     a = judge_output(res.out, case).allowed_max
     x = logit_gap(case)
     lo, hi = scale_interval(oracle(case).out[..., 0], a, x)
@@ -133,8 +131,6 @@ def test_default_scale_gives_unit_logit_variance(impl, case):
     for Dk = 1 (first Edgeworth term), so the confidence is at least 1 - 1.2e-6.
     """
     res = run(impl, case)
-    if res is None:
-        return
     a = judge_output(res.out, case).allowed_max
     x = logit_gap(case)
     lo, hi = scale_interval(res.out[..., 0], a, x)          # scales consistent with the kernel's output

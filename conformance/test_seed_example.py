@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnconf.conformance.engine.harness import clauses, expect, judge, run
+from attnconf.conformance.engine.harness import NoResult, clauses, expect, judge, run
 from attnconf.conformance.engine.tolerance import judge_output
 from attnconf.reference import Case
 
@@ -21,8 +21,9 @@ def test_seed_worked_example(impl):
     want = np.array(EXAMPLE["expected"]["output"])
     for dtype in ("float64", "float32"):
         case = Case.build(q, k, v, dtype=dtype)
-        res = run(impl, case)
-        if res is None:
+        try:
+            res = run(impl, case)
+        except NoResult:                  # recorded; the figures are checked in the next dtype it runs
             continue
         judge(judge_output(res.out, case), case, impl)
         expect(np.abs(res.out[0, 0] - want).max() <= 5e-4, "ATTN-SEED-1",

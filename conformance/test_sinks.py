@@ -31,8 +31,6 @@ def test_sinks_match_reference(impl, case):
     """Cases with sinks (small, comparable and dominant, with windows and empty rows) agree with the reference,
     and so does their lse (sink included) where the kernel returns one."""
     res = run(impl, case, need=lse_need(impl, case))
-    if res is None:
-        return
     expect_close(res.out, case, impl, clause="ATTN-SINK-1")
     if res.lse is not None:
         judge(judge_lse(res.lse, case), case, impl, "ATTN-SINK-2")
@@ -47,8 +45,6 @@ def test_a_sink_scales_each_row(impl, case):
     plain = case.replace(sinks=None)
     need = lse_need(impl, case)
     r1, r0 = run(impl, case, need=need), run(impl, plain, need=need)
-    if r1 is None or r0 is None:
-        return
     j1 = expect_close(r1.out, case, impl, clause="ATTN-SINK-2")
     j0 = expect_close(r0.out, plain, impl, clause="ATTN-SINK-2")
     f = sink_factor(oracle(plain).lse, case.sinks[None, :, None])[..., None]           # (B, Hq, Lq, 1)
@@ -91,8 +87,6 @@ def test_rows_without_keys_output_zero_and_their_lse_is_the_sink(impl, case):
     empty = ~oracle(case).visible.any(axis=-1)
     assert empty.any()
     res = run(impl, case, need=lse_need(impl, case))
-    if res is None:
-        return
     bad = np.argwhere(empty & ~(res.out == 0).all(axis=-1))
     expect(bad.size == 0, "ATTN-SINK-3", f"{len(bad)} rows with no key but a sink are not exactly 0", case, impl)
     if res.lse is not None:
@@ -141,8 +135,6 @@ def test_sink_gradients(impl, case):
     dsink = -sum exp(sink - lse) rowsum(dO O) agrees too (gradient model; float64: the analytic bound of
     ATTN-TOL-5 over the B * Lq terms it sums)."""
     res = run(impl, case, grads=True)
-    if res is None:
-        return
     for j in judge_gradients(res.grads, case):
         judge(j, case, impl)
     got = (res.grads or {}).get("dsinks")

@@ -37,8 +37,6 @@ def test_capped_weights_are_bounded(impl, case):
     """Logits up to ~1e3, cap c <= 1, V = I: the output is finite and every visible weight of a row with n
     visible keys lies in [exp(-2c)/n, exp(2c)/n], widened by the output tolerance."""
     res = run(impl, case)
-    if res is None:
-        return
     expect(bool(np.isfinite(res.out).all()), "ATTN-CAP-2", "non-finite output with capped logits", case, impl)
     a = judge_output(res.out, case).allowed_max
     vis = oracle(case).visible
@@ -84,7 +82,5 @@ def test_cap_comes_before_alibi_and_the_bias(impl, case):
 def test_softcap_gradients(impl, case):
     """dQ and dK carry the cap's derivative 1 - tanh^2(x / c); dV (and dBias) agree with the float64 backward."""
     res = run(impl, case, grads=True)
-    if res is None:
-        return
     for j in judge_gradients(res.grads, case):
         judge(j, case, impl)

@@ -29,8 +29,6 @@ def test_hard_logits_stay_finite_and_accurate(impl, case):
     """Large (~1e4), overflowing (50..200), mixed-magnitude and near-tied logits give finite outputs
     within tolerance."""
     res = run(impl, case)
-    if res is None:
-        return
     finite = np.isfinite(oracle(case).out)
     bad = np.argwhere(finite & ~np.isfinite(res.out))
     if bad.size:

@@ -44,15 +44,11 @@ def test_packed_sequences_are_independent(impl, case):
         return
     case = fitted
     first = run(impl, case, need={"varlen"})
-    if first is None:
-        return
     expect_close(first.out, case, impl, clause="ATTN-VARLEN-1")
     rng = np.random.default_rng(case.seed + 9)
     b = int(rng.integers(case.shape["B"]))
     other = st.perturb_sequence(case, b, rng)
     second = run(impl, other, need={"varlen"})
-    if second is None:
-        return
     for s in range(case.shape["B"]):
         if s == b:
             continue
@@ -78,8 +74,6 @@ def test_empty_sequences_in_a_pack(impl, case):
         return
     case = fitted
     res = run(impl, case, need={"varlen"})
-    if res is None:
-        return
     empty = ~oracle(case).visible.any(axis=-1)
     bad = np.argwhere(empty & ~(res.out == 0).all(axis=-1))
     if bad.size:
