@@ -3,7 +3,7 @@
 Two halves: the suite's own distance (conformance/engine/nan_aware.py) reads a NaN against a finite value as
 infinitely far, and no module of the project calls a NaN-ignoring reduction (np.nanmax and friends,
 np.fmax / np.fmin, which drop a NaN against a number), found by reading every source file's syntax tree.
-An entry of ALLOWED names a call that is not a comparison, with the reason; today there is none.
+An entry of ALLOWED names a call that is not a comparison, with the reason.
 """
 from __future__ import annotations
 
@@ -21,7 +21,14 @@ NAN_IGNORING = frozenset({
     "nanmax", "nanmin", "nansum", "nanmean", "nanmedian", "nanstd", "nanvar", "nanprod", "nanargmax",
     "nanargmin", "nanpercentile", "nanquantile", "nancumsum", "nancumprod", "fmax", "fmin"})
 # (path relative to the root, enclosing function, name) -> why it is not a comparison
-ALLOWED: dict[tuple[str, str, str], str] = {}
+ALLOWED: dict[tuple[str, str, str], str] = {
+    # findings' stand-alone reproductions (they import nothing of attnconf and judge nothing): each prints the
+    # NaN count first and then the largest error of the finite outputs, a description, not a comparison
+    ("adapters/onnx/findings/ONNX-ORT-ATTN-F16-SOFTCAP-OVERFLOW.py", "<module>", "nanmax"):
+        "prints the finite outputs' largest error beside the count of NaN outputs",
+    ("adapters/transformers/findings/TRANSFORMERS-EAGER-F16-LOGIT-OVERFLOW.py", "main", "nanmax"):
+        "prints the finite outputs' largest error beside the count of NaN outputs",
+}
 
 
 def nan_ignoring_calls(source: str, filename: str = "<src>") -> list[tuple[str, int, str]]:
