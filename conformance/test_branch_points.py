@@ -2,8 +2,8 @@
 
 Kernels choose a code path by shape: a second query or key tile, the split-KV path of a short query block
 over a long history, a head-dim template, GQA packing, batch blocking. Each boundary of
-conformance/boundaries.py runs here in the plain, GQA, windowed, ALiBi (signed geometric slopes), sink,
-gradient and causal families (conformance/branch_cases.py), in every dtype the cell runs, fitted to the
+conformance/strategies/boundaries.py runs here in the plain, GQA, windowed, ALiBi (signed geometric slopes), sink,
+gradient and causal families (conformance/strategies/branch_cases.py), in every dtype the cell runs, fitted to the
 declared scope.
 The output is judged against the reference, the lse where the kernel returns one, the gradients where the
 family asks for them; a failure names its boundary and family, so a defect on one path reads as that path.

@@ -2,7 +2,7 @@
 
 Both run only when asked (`--long`, `--measure-memory`): they take minutes. ATTN-LONG-1 runs every
 dtype at lengths one past a power of two on inputs whose answer hangs on a few sharp keys, some far back
-and some past position 16384 (conformance/long_cases.py), and judges the sampled rows (the boundaries and
+and some past position 16384 (conformance/strategies/long_cases.py), and judges the sampled rows (the boundaries and
 the last rows among them) as every output is judged: against the float64 reference and the emulated
 naive baseline at the case's dtype, both computed for those rows against all keys (reference/tiled.py's
 rows_case: O(rows x L) memory, where the whole case's would be O(L^2)).

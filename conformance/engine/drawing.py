@@ -72,7 +72,7 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
     """Run the test for Hypothesis-generated cases, one pytest item per implementation and dtype.
 
     Each (test, implementation, dtype) cell draws its own cases (the strategy's dtype is fixed to the
-    cell's and its features to the implementation's declared scope, conformance/strategies.py), has
+    cell's and its features to the implementation's declared scope, conformance/strategies/), has
     its own Hypothesis database key and its own status, so a failure in one dtype never hides the
     others. `dtypes=None` (tests over a fixed list of cases) runs one item over every dtype, judged
     as a whole ("any" cell). `needs` names the features the property is about ("a|b" = either): an
