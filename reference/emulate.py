@@ -12,11 +12,12 @@ kernels differ exactly there (measured: torch's CPU MATH path applies
 sqrt(scale) to Q and K, its CPU flash path scales the logits, flash-style
 kernels normalise after P V). So the baseline is an envelope over the orders
 the spec leaves open: where the scale is applied (Q, logits, sqrt(scale) on
-both Q and K, or fused into the float32 accumulator before the one rounding)
+both Q and K, fused into the float32 accumulator before the one rounding, or
+upcast: the unscaled product rounded, the rest in float32)
 times how rows are normalised (divide the weights, multiply by the reciprocal
 of the sum, or divide the output after P V) times the order in which dot
 products are summed (ascending, descending, BLAS-blocked, or tiled). The
-baseline error of an element is the largest error any of these 48 naive
+baseline error of an element is the largest error any of these 60 naive
 variants makes: a fair yardstick must not depend on an order the spec leaves
 open, and one sample of rounding error is too noisy to be one.
 """
@@ -36,7 +37,10 @@ from .case import Case, numpy_dtype
 # "fused": the scale (and a bias) applied to the float32 accumulator and the logit rounded to t once, as a
 # GEMM epilogue (cuBLAS alpha/beta, torch.baddbmm) or tinygrad's float32 logits cast to t do; in float32 it is
 # the "logits" variant exactly (every step is already a float32 rounding) and reuses its numbers.
-SCALINGS = ("q", "logits", "sqrt", "fused")
+# "upcast": the unscaled product rounded to t, then cast to float32, where the scale, softcap, ALiBi and bias
+# are applied and never rounded to t again (Keras' dot_product_attention on TensorFlow: einsum in t, cast,
+# multiply). Also the "logits" variant exactly in float32.
+SCALINGS = ("q", "logits", "sqrt", "fused", "upcast")
 NORMALISATIONS = ("divide", "reciprocal", "late")
 ACCUMULATIONS = ("ascending", "descending", "blas", "tiled")
 LOG2E = np.float32(1.4426950408889634)
@@ -148,9 +152,9 @@ def naive_softmax_parts(case: Case, scaling: str, acc: str, dtype: str):
     key = ("softmax_parts", dtype, scaling, acc)
     if key in case._cache:
         return case._cache[key]
-    if scaling == "fused" and dtype in ("float32", "float64"):
+    if scaling in ("fused", "upcast") and dtype in ("float32", "float64"):
         case._cache[key] = naive_softmax_parts(case, "logits", acc, dtype)
-        if ("softcap_tanh", dtype, "logits", acc) in case._cache:
+        if ("softcap_tanh", dtype, "logits", acc) in case._cache:      # for the naive backward
             case._cache[("softcap_tanh", dtype, scaling, acc)] = case._cache[("softcap_tanh", dtype, "logits", acc)]
         return case._cache[key]
     r = _rounder(dtype)
@@ -159,6 +163,10 @@ def naive_softmax_parts(case: Case, scaling: str, acc: str, dtype: str):
     vis = oracle(case).visible
     sc = f32(case.effective_scale)
     fused_bias = scaling == "fused" and case.bias is not None and case.softcap is None and case.alibi_slopes is None
+    if scaling == "upcast":          # past the product's one rounding to t, the logits stay float32
+        r_logit = _rounder("float32")
+    else:
+        r_logit = r
     with np.errstate(all="ignore"):
         q = case.q.astype(f32)
         k = expand_kv(case.k, hq).astype(f32)
@@ -171,19 +179,21 @@ def naive_softmax_parts(case: Case, scaling: str, acc: str, dtype: str):
             if fused_bias:
                 s = s + np.broadcast_to(case.bias, s.shape).astype(f32)
             s = r(s)
+        elif scaling == "upcast":
+            s = r_logit(r(_logit_product(case, dtype, "logits", acc, lambda: (q, np.swapaxes(k, -1, -2)))) * sc)
         else:
             root = f32(np.sqrt(case.effective_scale))
             s = r(_logit_product(case, dtype, scaling, acc, lambda: (r(q * root), np.swapaxes(r(k * root), -1, -2))))
         if case.softcap is not None:
             c = f32(case.softcap)
-            y = r(np.tanh(r(s / c)))
+            y = r_logit(np.tanh(r_logit(s / c)))
             case._cache[("softcap_tanh", dtype, scaling, acc)] = y
-            s = r(c * y)
+            s = r_logit(c * y)
         if case.alibi_slopes is not None:
             ali = alibi_bias(s.shape, case.alibi_slopes, case.window_align, case.q_lengths, case.kv_lengths)
-            s = r(s + r(ali.astype(f32)))
+            s = r_logit(s + r_logit(ali.astype(f32)))
         if case.bias is not None and not fused_bias:
-            s = r(s + np.broadcast_to(case.bias, s.shape).astype(f32))
+            s = r_logit(s + np.broadcast_to(case.bias, s.shape).astype(f32))
         s = np.where(vis, s, -np.inf).astype(f32)
         m = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(s.shape[:-1] + (1,), -np.inf, f32)
         if case.sinks is not None:
@@ -321,7 +331,7 @@ class _SharedResults:
     """Results of a pure function of a case's content, kept across Case objects (least recently used
     dropped past `limit_bytes`). The pinned cases are the same in every run, and a run meets some cases
     again (the same problem built anew by another test): a process that runs many kernels (the catalogue's
-    in-process runs, bench/runner.py) emulates their 48 naive variants once, not once per kernel. (The
+    in-process runs, bench/runner.py) emulates their 60 naive variants once, not once per kernel. (The
     Hypothesis draws are seeded per implementation, so two kernels' drawn examples mostly differ.)"""
 
     def __init__(self, limit_bytes: int) -> None:

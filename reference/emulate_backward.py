@@ -53,7 +53,7 @@ def naive_backward(case: Case, dtype: str | None = None,
     scaling, acc = variant
     if key in case._cache:
         return case._cache[key]
-    if scaling == "fused" and dtype == "float32":     # the "logits" variant exactly (emulate.SCALINGS)
+    if scaling in ("fused", "upcast") and dtype == "float32":     # the "logits" variant exactly (emulate.SCALINGS)
         case._cache[key] = naive_backward(case, dtype, ("logits", acc))
         return case._cache[key]
     r = _rounder(dtype)

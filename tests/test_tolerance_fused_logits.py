@@ -59,13 +59,15 @@ def test_correctly_rounded_float16_logits_pass(fixture):
     assert j.e_max > 2 * others + floor, (j.e_max, others, floor)
 
 
-def test_fused_placement_is_the_logits_placement_in_float32():
-    """In float32 every step of the 'logits' placement is already a float32 rounding, so 'fused' repeats it."""
+@pytest.mark.parametrize("placement", ["fused", "upcast"])
+def test_fused_placement_is_the_logits_placement_in_float32(placement):
+    """In float32 every step of the 'logits' placement is already a float32 rounding, so 'fused' and 'upcast'
+    (tests/test_tolerance_upcast_logits.py) repeat it."""
     rng = np.random.default_rng(3)
     q, k, v = (rng.normal(size=(1, 2, 5, 8)) * 9 for _ in range(3))
     case = Case.build(q, k, v, bias=rng.normal(size=(1, 2, 5, 5)), dtype="float32")
     for acc in ("ascending", "blas"):
-        fused, logits = naive_forward(case, ("fused", "divide", acc)), naive_forward(case, ("logits", "divide", acc))
+        fused, logits = naive_forward(case, (placement, "divide", acc)), naive_forward(case, ("logits", "divide", acc))
         assert np.array_equal(fused[0], logits[0]) and np.array_equal(fused[1], logits[1])
 
 

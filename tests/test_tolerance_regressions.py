@@ -103,3 +103,33 @@ def test_correct_kernel_passes_where_gradient_terms_pass_the_float16_range():
     adapter = _adapter("torch", "tests.kernels.correct:naive", "sdpa")
     for j in judge_gradients(adapter.run(case, grads=True).grads, case):
         assert j.ok and np.isfinite(j.allowed_max), j.explain()
+
+
+def test_float64_comparisons_allow_a_flushed_subnormal_and_nothing_more():
+    """flax's empty-row dK (make report, float64): the reference held -6.0e-314 where the kernel returned 0,
+    and the uniform_weight_gradients alternative demanded it exactly, its bound (relative) underflowing to 0.
+    Every float64 comparison allows float64's smallest normal number (2.2e-308) of absolute error: a
+    subnormal keeps no relative precision. An error of 1e-300 still fails."""
+    from attnconf.conformance.engine import alternatives
+    from attnconf.conformance.engine.alternatives_registry import GRADIENTS
+    from attnconf.reference.backward import backward
+
+    rng = np.random.default_rng(0)
+    q, k, v = rng.normal(size=(1, 1, 2, 4)), rng.normal(size=(1, 1, 3, 4)), rng.normal(size=(1, 1, 3, 4))
+    keep = np.array([[True, True, True], [False, False, False]])[None, None]
+    case = Case.build(q * 1e-312, k, v, mask=keep, dtype="float64", grad_out=rng.normal(size=(1, 1, 2, 4)))
+    ref = backward(case)
+    entry = {"instead": "uniform_weight_gradients", "quantities": list(GRADIENTS)}
+    rows = ~oracle(case).visible.any(axis=-1)
+    masks = {"dk": np.ones(ref.dk.shape, bool)}
+
+    class Res:
+        def __init__(self, dk):
+            self.grads = {"dk": dk}
+    tiny = np.abs(ref.dk[np.abs(ref.dk) > 0]).min()
+    assert tiny < np.finfo(np.float64).tiny, tiny      # the reference's dK is subnormal (q ~ 1e-312)
+    assert rows.any()
+    flushed = np.where(np.abs(ref.dk) < np.finfo(np.float64).tiny, 0.0, ref.dk)
+    assert alternatives.ALTERNATIVES["uniform_weight_gradients"].check(entry, case, Res(flushed), masks).ok
+    off = ref.dk + 1e-300
+    assert not alternatives.ALTERNATIVES["uniform_weight_gradients"].check(entry, case, Res(off), masks).ok

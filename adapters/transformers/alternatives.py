@@ -299,7 +299,7 @@ def judge_values(case: Case, res, masks: dict[str, np.ndarray], exact: dict[str,
     """Covered elements against `exact` (NaN = must be NaN) under the tolerance model of the dtype: the
     yardstick is the error of a naive implementation of the same alternative (`naive`: the same formulas
     evaluated in float32, rounded to the dtype) plus the spec's own baseline (for elements rows outside
-    the region also feed), the floor at the magnitude of the summed terms. float64 (unless judged as
+    the region also feed; for the weights, that of the output with one-hot values, as test_weights judges them), the floor at the magnitude of the summed terms. float64 (unless judged as
     float32): the float64 analytic bound of SPEC section 12 at that magnitude."""
     from attnconf.reference import baseline_error
     from attnconf.reference.emulate_backward import gradient_baseline_error
@@ -328,7 +328,7 @@ def judge_values(case: Case, res, masks: dict[str, np.ndarray], exact: dict[str,
             tol = T.spec.tolerances()["float64"]["gamma"] * T.EPS64 * (ka * float(a_.max(initial=0)) + kc
                                                                        + case.shape["Dv"])
             with np.errstate(invalid="ignore"):
-                bad = m & ~(np.abs(a - e) <= tol * mag)
+                bad = m & ~(np.abs(a - e) <= tol * mag + T.TINY64)
             if bad.any():
                 idx = _first(bad)
                 return Verdict(False, f"{q} (float64) at {idx}: {a[idx]:.17g}, expected {e[idx]:.17g} "
@@ -339,6 +339,10 @@ def judge_values(case: Case, res, masks: dict[str, np.ndarray], exact: dict[str,
             c32 = case if case.dtype != "float64" else case.replace(dtype="float32")
             if q == "out":
                 base = base + baseline_error(c32)[0]
+            elif q == "weights":       # as the spec judges weights (test_weights): the output of one-hot values
+                s = c32.shape
+                eye = np.broadcast_to(np.eye(s["Lk"]), (s["B"], s["Hkv"], s["Lk"], s["Lk"]))
+                base = base + baseline_error(c32.replace(v=eye, grad_out=None))[0]
             elif q in GRADIENTS and case.grad_out is not None:
                 base = base + np.broadcast_to(gradient_baseline_error(c32)[q], e.shape)
         model = "gradient" if q in GRADIENTS else "forward"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnconf.adapters.transformers.alternatives import _scaled_logits
+from attnconf.adapters.transformers.alternatives import _scaled_logits, eager_softmax_input
 from attnconf.conformance.engine.regions import case_region, region
 from attnconf.reference import Case, oracle, visibility
 
@@ -45,6 +45,31 @@ def finfo_min_mask_rows_with_bias(case: Case) -> np.ndarray:
     if case.bias is None:
         return np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
     return finfo_min_mask_rows(case)
+
+
+@region
+def eager_float16_nan_rows(case: Case) -> np.ndarray:
+    """float16 rows that llama's and gemma2's eager functions make NaN: `Q K^T` is formed in float16 before
+    `* scaling`, so an unscaled dot product beyond +-65504 rounds to +-inf; a row with +inf anywhere (a visible
+    key, or a hidden one: +inf - 65504 stays +inf), or NaN anywhere (+-inf times a scale of 0), or with -inf on
+    every key (every logit below -65504, or every key hidden with logit - 65504 below it) is NaN. `eager_softmax_input` is that
+    softmax's input, step by step."""
+    s = case.shape
+    if case.dtype != "float16":
+        return np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    x = eager_softmax_input(case)
+    return (np.isposinf(x) | np.isnan(x)).any(axis=-1) | np.isneginf(x).all(axis=-1)
+
+
+@region
+def eager_float16_nan_rows_sinks(case: Case) -> np.ndarray:
+    """`eager_float16_nan_rows` in gpt-oss's eager function, whose softmax also holds the row's finite sink
+    logit: a row of -inf logits gives the sink all the weight (finite), only +inf or NaN make the row NaN."""
+    s = case.shape
+    if case.dtype != "float16":
+        return np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
+    x = eager_softmax_input(case)
+    return (np.isposinf(x) | np.isnan(x)).any(axis=-1)
 
 
 @region

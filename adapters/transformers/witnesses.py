@@ -49,6 +49,18 @@ def hf_left_padded_f16_large_logits() -> Case:
 
 
 @witness
+def hf_min_mask_beaten_f16() -> Case:
+    """float16, scale 1, Dk = 2: row 0's visible keys have logits -20000 and -30000, its mask-hidden key 50000;
+    -65504 + 50000 = -15504 beats both, so the row puts its weight on the hidden key. Row 1 is ordinary."""
+    q = np.array([[[[100.0, 0.0], [1.0, 0.5]]]])
+    k = np.array([[[[-200.0, 0.0], [-300.0, 0.0], [500.0, 0.0]]]])
+    v = np.array([[[[1.0, 2.0], [3.0, -1.0], [-2.0, 0.5]]]])
+    keep = np.array([True, True, False])[None, None, None, :]
+    return Case.build(q, k, v, mask=keep, scale=1.0, dtype="float16",
+                      grad_out=np.array([[[[0.5, -1.0], [1.0, 0.25]]]]))
+
+
+@witness
 def hf_left_padded_f64() -> Case:
     """float64: finfo(float64).min becomes -inf in the eager functions' float32 softmax: NaN."""
     return _left_padded("float64")
@@ -96,6 +108,20 @@ def hf_masked_overflow_f16() -> Case:
     v = rng.normal(size=(1, 1, 4, 8))
     keep = np.array([False, True, True, True])[None, None, None, :]
     return Case.build(q, k, v, mask=keep, dtype="float16")
+
+
+@witness
+def hf_masked_overflow_f16_grads() -> Case:
+    """`hf_masked_overflow_f16` with an output gradient: both rows are NaN, so back-propagation carries the NaN
+    into dQ of those rows and all of dK and dV (nothing else is left finite to judge)."""
+    rng = np.random.default_rng(29)
+    return hf_masked_overflow_f16().replace(grad_out=rng.normal(size=(1, 1, 2, 8)))
+
+
+@witness
+def hf_masked_overflow_sinks_f16_grads() -> Case:
+    """`hf_masked_overflow_f16_grads` with gpt-oss's sink logit of 0.5."""
+    return hf_masked_overflow_f16_grads().replace(sinks=np.array([0.5]))
 
 
 @witness

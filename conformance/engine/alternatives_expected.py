@@ -73,7 +73,7 @@ def _judge_expected(actual: np.ndarray, expected: np.ndarray, case: Case, quanti
         tol = T.spec.tolerances()["float64"]["gamma"] * T.EPS64 * (ka * float(a.max(initial=0)) + kc + case.shape["Dv"])
         bound = tol * np.maximum(mag, np.broadcast_to(np.abs(expected).max(initial=0), mag.shape))
         with np.errstate(invalid="ignore"):
-            bad = mask & ~(np.abs(actual - expected) <= bound)
+            bad = mask & ~(np.abs(actual - expected) <= bound + T.TINY64)
         ok = not bad.any()
         j = T.Judgement(ok, quantity, "float64", 0, 0, 0, 0, 0, 0, 0, 0, 0)
         if not ok:

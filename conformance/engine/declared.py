@@ -16,7 +16,6 @@ import numpy as np
 
 from attnconf.reference import Case, round_to
 
-from attnconf.conformance.engine import tolerance as T
 from attnconf.conformance.engine.alternatives import ALTERNATIVES, FORWARD, GRADIENTS, PRECISION_ORDER, Verdict, _judge_against, alternative
 from attnconf.conformance.engine.regions import case_region
 
@@ -47,21 +46,6 @@ def _scale_input_dtype(entry, case, res, masks) -> Verdict:
     """The reference with the scale rounded to the input dtype, under that dtype's usual tolerance."""
     rounded = float(round_to(np.array(_effective_scale(case)), case.dtype))
     return _judge_against(case.replace(scale=rounded), case, res, masks)
-
-
-@alternative("nan_or_spec", GRADIENTS)
-def _nan_or_spec(entry, case, res, masks) -> Verdict:
-    """Each covered gradient element is NaN, or the spec's value within the gradient tolerance: what the
-    gradients of a kernel whose empty rows are NaN give (NaN reaches dV and dK through the row's weights;
-    dQ of the row may be 0 where the masked logits were constants)."""
-    if not res.grads or case.grad_out is None:
-        return Verdict(True)
-    grads = {q: np.asarray(g) for q, g in res.grads.items()}
-    finite = {q: m & ~np.isnan(np.broadcast_to(grads[q], m.shape)) for q, m in masks.items() if q in grads}
-    for j in T.judge_gradients(grads, case, masks=finite):
-        if not j.ok:
-            return Verdict(False, j.explain())
-    return Verdict(True)
 
 
 @alternative("zero_rows", ("out",))

@@ -184,3 +184,14 @@ def test_kernel_adapter_wraps_a_tf_function():
     case = make(mask=diag_mask(5, 7), dtype="float32")
     res = a.run(case)
     assert res.out_dtype == "float32" and judge_output(res.out, case).ok
+
+
+def test_keras_xla_float16_case_of_the_upcast_placement_passes(impls):
+    """keras-xla's float16 case that failed at 5.09x the old envelope (tests/test_tolerance_upcast_logits.py):
+    Keras rounds the unscaled Q K^T to float16 and scales in float32; the "upcast" placement samples that."""
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tolerance" / "keras-unscaled-f16-logits-bias.npz"
+    case = Case.load(fixture)
+    j = judge_output(impls["tensorflow:keras-xla"].run(case).out, case)
+    assert j.ok, j.explain()
