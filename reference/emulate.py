@@ -332,7 +332,8 @@ class _SharedResults:
     dropped past `limit_bytes`). The pinned cases are the same in every run, and a run meets some cases
     again (the same problem built anew by another test): a process that runs many kernels (the catalogue's
     in-process runs, bench/runner.py) emulates their 60 naive variants once, not once per kernel. (The
-    Hypothesis draws are seeded per implementation, so two kernels' drawn examples mostly differ.)"""
+    ci profile seeds the draws by test and dtype, conformance/engine/drawing.py draw_seed: two kernels of the same
+    declared scope draw the same cases.)"""
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes

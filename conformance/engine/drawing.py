@@ -107,9 +107,10 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
                                  * getattr(subject.adapter, "example_budget", 1.0) / share))
 
             h = given(case=strategy)(cell_body(fn, subject, dtype))
+            draws = draw_seed(fn, dtype)
             def top_up(i: int) -> None:       # a test object of its own, under the i-th seed of this cell
                 hsettings(hsettings.default, max_examples=TOP_UP_DRAWS)(
-                    hseed(zlib.crc32(database_key(fn, subject.name, dtype)) + (session.seed or 0) + i)(
+                    hseed(draws + (session.seed or 0) + i)(
                         given(case=strategy)(cell_body(fn, subject, dtype))))()
             for ex in (lazy(dtype) if lazy else pinned):
                 if dtype is None or ex.dtype == dtype:
@@ -117,6 +118,8 @@ def for_cases(strategy, *, examples: Iterable[Case] = (), fixture: str = "impl",
             h = hsettings(hsettings.default, max_examples=n)(h)
             if session.seed is not None:
                 h = hseed(session.seed)(h)
+            elif hsettings.default.derandomize:
+                h = hseed(draws)(h)
             try:
                 with strategies_module.cell(dtype, scope_of(subject.adapter)):
                     try:
@@ -188,6 +191,16 @@ def cell_body(fn: Callable, subject: Subject, dtype: str | None) -> Callable:
 
 def database_key(fn: Callable, implementation: str, dtype: str | None) -> bytes:
     return f"{fn.__module__}.{fn.__qualname__}|{implementation}|{dtype}".encode()
+
+
+def draw_seed(fn: Callable, dtype: str | None) -> int:
+    """The seed of a cell's draws under a derandomized profile (ci), and of its top-ups: the test's and the
+    dtype's, not the implementation's. Two implementations with the same declared scope then draw the same
+    cases, and a process that runs both (the catalogue, `make report`'s implementations of one backend)
+    emulates each case's baseline once (reference/emulate.py, the shared baselines). A bug is caught on the
+    cases of its own run either way; the implementation still keys the database, which replays a failure in
+    its own cell."""
+    return zlib.crc32(f"{fn.__module__}.{fn.__qualname__}|{dtype}".encode())
 
 
 def _one_example(fn, subject: Subject, case, *, generated: bool = True) -> None:
