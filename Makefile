@@ -8,6 +8,8 @@ PIP     := $(PY) -m pip
 LOCK    := requirements.lock
 STAMP   := .venv/.attnconf-setup-3
 export OPENBLAS_NUM_THREADS ?= 1
+# the emulated baselines, kept between the runs of make test and make report (reference/shared_results.py)
+export ATTNCONF_BASELINE_CACHE ?= $(CURDIR)/.attnconf-cache/baselines
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: setup lock report test test-own test-install test-suites test-catalogue test-proof test-long long bench clean
@@ -87,4 +89,4 @@ long: setup
 	$(PY) -m pytest conformance --backend=torch --long --measure-memory -k "long or memory" -q
 
 clean:
-	rm -rf .venv .lock-venv .attnconf-ci reports/failures build *.egg-info attnconf-out
+	rm -rf .venv .lock-venv .attnconf-ci reports/failures build *.egg-info attnconf-out .attnconf-cache

@@ -23,16 +23,14 @@ open, and one sample of rounding error is too noisy to be one.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
-from collections import OrderedDict
-from typing import Any
 
 import numpy as np
 
 from .attention import alibi_bias, expand_kv, oracle
 from .case import Case, numpy_dtype
+from .shared_results import SharedResults, content_key
 
 # "fused": the scale (and a bias) applied to the float32 accumulator and the logit rounded to t once, as a
 # GEMM epilogue (cuBLAS alpha/beta, torch.baddbmm) or tinygrad's float32 logits cast to t do; in float32 it is
@@ -273,8 +271,8 @@ def baseline_error(case: Case, dtype: str | None = None) -> tuple[np.ndarray, np
         return case._cache[key]
     shared = _SHARED_BASELINES.get(content_key(case, dtype))
     if shared is not None:
-        case._cache[key] = shared
-        return shared
+        case._cache[key] = (shared["out"], shared["lse"])
+        return case._cache[key]
     ref = oracle(case)
     finite_o, finite_l = np.isfinite(ref.out), np.isfinite(ref.lse)
     err_o = np.zeros(ref.out.shape)
@@ -292,71 +290,11 @@ def baseline_error(case: Case, dtype: str | None = None) -> tuple[np.ndarray, np
     for arr in (err_o, err_l):
         arr.flags.writeable = False      # shared by every case of the same content
     case._cache[key] = (err_o, err_l)
-    _SHARED_BASELINES.put(content_key(case, dtype), (err_o, err_l))
+    _SHARED_BASELINES.put(content_key(case, dtype), {"out": err_o, "lse": err_l})
     return err_o, err_l
 
 
-def content_key(case: Case, *extra: Any) -> bytes:
-    """A digest of everything a Case holds (its arrays' dtype, shape and bytes; every other field's
-    repr), plus `extra`: two cases with the same key are the same problem."""
-    h = hashlib.blake2b(digest_size=20)
-
-    def feed(value: Any) -> None:
-        if isinstance(value, np.ndarray):
-            h.update(f"nd{value.dtype.str}{value.shape}".encode())
-            h.update(np.ascontiguousarray(value).tobytes())
-        elif isinstance(value, dict):
-            h.update(b"{")
-            for k in sorted(value, key=repr):
-                feed(k)
-                feed(value[k])
-            h.update(b"}")
-        elif isinstance(value, (list, tuple)):
-            h.update(f"{type(value).__name__}{len(value)}(".encode())
-            for item in value:
-                feed(item)
-            h.update(b")")
-        else:
-            h.update(f"{type(value).__name__}:{value!r};".encode())
-
-    for f in dataclasses.fields(case):
-        if f.name != "_cache":
-            h.update(f.name.encode())
-            feed(getattr(case, f.name))
-    feed(extra)
-    return h.digest()
-
-
-class _SharedResults:
-    """Results of a pure function of a case's content, kept across Case objects (least recently used
-    dropped past `limit_bytes`). The pinned cases are the same in every run, and a run meets some cases
-    again (the same problem built anew by another test): a process that runs many kernels (the catalogue's
-    in-process runs, bench/runner.py) emulates their 60 naive variants once, not once per kernel. (The
-    ci profile seeds the draws by test and dtype, conformance/engine/drawing.py draw_seed: two kernels of the same
-    declared scope draw the same cases.)"""
-
-    def __init__(self, limit_bytes: int) -> None:
-        self.limit_bytes = limit_bytes
-        self.items: OrderedDict[bytes, tuple[np.ndarray, ...]] = OrderedDict()
-        self.nbytes = 0
-
-    def get(self, key: bytes) -> tuple[np.ndarray, ...] | None:
-        value = self.items.get(key)
-        if value is not None:
-            self.items.move_to_end(key)
-        return value
-
-    def put(self, key: bytes, value: tuple[np.ndarray, ...]) -> None:
-        if key in self.items:
-            return
-        self.items[key] = value
-        self.nbytes += sum(a.nbytes for a in value)
-        while self.nbytes > self.limit_bytes and self.items:
-            _, old = self.items.popitem(last=False)
-            self.nbytes -= sum(a.nbytes for a in old)
-
-
-_SHARED_BASELINES = _SharedResults(256 << 20)
+_SHARED_BASELINES = SharedResults("baseline_error", 256 << 20)
 
 
 HALF_ACCUMULATION_ORDERS = ("ascending", "descending", "pairs")

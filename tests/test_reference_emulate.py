@@ -131,3 +131,43 @@ def test_cases_of_the_same_content_share_one_baseline_and_others_do_not():
                   Case.build(q, k, v, dtype="bfloat16", causal="top_left"), Case.build(q, k, v, dtype="bfloat16", scale=0.3)):
         assert content_key(other) != content_key(again)
         assert baseline_error(other)[0] is not first[0]
+
+
+def test_baselines_on_disk_are_read_back_bit_for_bit_and_a_damaged_file_is_recomputed(tmp_path, monkeypatch):
+    """With ATTNCONF_BASELINE_CACHE, a baseline emulated in one process is read by the next (here: the memory
+    store emptied) without emulating: the same bits, forward and gradients. A damaged file is emulated again,
+    and another salt (another source of reference/, NumPy or CPU) never reads it."""
+    from attnconf.reference import Case, baseline_error
+    from attnconf.reference import emulate, emulate_backward, shared_results
+
+    monkeypatch.setenv(shared_results.ENV, str(tmp_path))
+    for store in (emulate._SHARED_BASELINES, emulate_backward._SHARED_GRADIENT_BASELINES):
+        monkeypatch.setattr(store, "items", type(store.items)())
+    rng = np.random.default_rng(11)
+    q, k, v, do = (rng.standard_normal((1, 2, 6, 4)) for _ in range(4))
+
+    def fresh() -> Case:
+        for store in (emulate._SHARED_BASELINES, emulate_backward._SHARED_GRADIENT_BASELINES):
+            store.items.clear()
+        return Case.build(q, k, v, dtype="float16", grad_out=do)
+
+    first, first_g = baseline_error(fresh()), emulate_backward.gradient_baseline_error(fresh())
+    files = sorted(tmp_path.rglob("*.npz"))
+    assert len(files) == 2, files
+    again = fresh()
+    out, lse = baseline_error(again)
+    grads = emulate_backward.gradient_baseline_error(again)
+    assert np.array_equal(out, first[0]) and np.array_equal(lse, first[1])
+    assert grads.keys() == first_g.keys() and all(np.array_equal(grads[n], first_g[n]) for n in grads)
+    assert not any(key[0] in ("naive", "naive_backward") for key in again._cache)      # nothing emulated
+    for f in files:
+        f.write_bytes(b"not an npz file")
+    damaged = fresh()
+    assert np.array_equal(baseline_error(damaged)[0], first[0])
+    assert any(key[0] == "naive" for key in damaged._cache)
+    healed = fresh()
+    assert np.array_equal(baseline_error(healed)[0], first[0]) and not any(key[0] == "naive" for key in healed._cache)
+    monkeypatch.setattr(emulate._SHARED_BASELINES, "_salt", b"another salt")
+    other = fresh()
+    baseline_error(other)
+    assert any(key[0] == "naive" for key in other._cache) and len(sorted(tmp_path.rglob("*.npz"))) == 3
