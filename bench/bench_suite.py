@@ -15,7 +15,8 @@ Parts (the cheap ones run by default):
   catalogue   one `pytest conformance --kernel=... -x` process per kernel of the catalogue
               (tests/kernels/buggy.py and flash_buggy.py on torch, variant_bugs.py on numpy): which test
               caught it and the time to that first failure; median and worst;
-  certify     `attnconf certify --backend torch --kernel tests.kernels.correct:naive`, ci profile;
+  certify     `attnconf certify --backend torch --kernel tests.kernels.correct:naive`, ci profile, twice: with
+              no stored baselines, then reading those the first stored (ATTNCONF_BASELINE_CACHE);
   backends    (--backends / --all-backends) the ci run of each installed backend;
   make test / make report  (--make-test / --make-report) in a fresh clone of this checkout's HEAD.
 
@@ -128,10 +129,13 @@ def bench_catalogue(kernels: list[tuple[str, str, str | None]], floors: dict[str
     return out
 
 
-def bench_certify(profile: str, tmp: Path) -> dict[str, Any]:
+def bench_certify(profile: str, tmp: Path, baselines: Path) -> dict[str, Any]:
+    """One certify with the emulated baselines kept in `baselines` (ATTNCONF_BASELINE_CACHE): the first run in an
+    empty folder emulates them all, a second reads what the first stored (the ci profile draws the same cases)."""
     out = tmp / "certify"
+    env = {**os.environ, "ATTNCONF_BASELINE_CACHE": str(baselines)}
     row = timed([PY, "-m", "attnconf", "certify", "--backend", "torch", "--kernel", CERTIFY_KERNEL,
-                 "--profile", profile, "--out", str(out)])
+                 "--profile", profile, "--out", str(out)], env=env)
     run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
     row.update(kernel=CERTIFY_KERNEL, verdict=(run.get("verdict") or {}).get("verdict"))
     if row["returncode"] == 0:
@@ -221,12 +225,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"floor ({', '.join(f['imports'])}): {f['wall_s']:.2f} s, cpu {f['cpu_s']:.2f} s", flush=True)
     with tempfile.TemporaryDirectory(prefix="attnconf-bench-") as tmp:
         if not args.no_catalogue:
+            # a folder of its own: what make test or an earlier bench stored must not shorten these runs
+            os.environ["ATTNCONF_BASELINE_CACHE"] = str(Path(tmp) / "catalogue-baselines")
             kernels = catalogue_kernels(args.bugs.split(",") if args.bugs else None)
             results["catalogue"] = bench_catalogue(kernels, results["floor"], args.profile, Path(tmp))
             results["catalogue"]["sample"] = args.bugs        # None: the whole catalogue
         if not args.no_certify:
-            results["certify"] = bench_certify(args.profile, Path(tmp))
+            results["certify"] = bench_certify(args.profile, Path(tmp), Path(tmp) / "baselines")
+            results["certify_warm"] = bench_certify(args.profile, Path(tmp), Path(tmp) / "baselines")
         if backends:
+            os.environ["ATTNCONF_BASELINE_CACHE"] = str(Path(tmp) / "backend-baselines")
             results["backends"] = bench_backends(backends, args.profile, Path(tmp))
         targets = [t for t, on in (("test", args.make_test), ("report", args.make_report)) if on]
         if targets:

@@ -48,8 +48,12 @@ def render(results: dict[str, Any]) -> str:
                      f"{w['cpu_s']:.2f} | {w['cpu_floors']:.1f} | | |")
     else:
         lines.append(f"| catalogue, time to the first failure with -x | not measured | | | | ≤ {bound:g} × floor | |")
-    lines.append(_row(f"`attnconf certify`, ci, a correct torch kernel ({(results.get('certify') or {}).get('verdict')})",
-                      results.get("certify"), torch_floor, TARGET_CERTIFY_S, "(--no-certify)"))
+    lines.append(_row(f"`attnconf certify`, ci, a correct torch kernel ({(results.get('certify') or {}).get('verdict')}), "
+                      "no stored baselines", results.get("certify"), torch_floor, TARGET_CERTIFY_S, "(--no-certify)"))
+    if results.get("certify_warm"):
+        lines.append(_row(f"the same again, its baselines stored by the first (ATTNCONF_BASELINE_CACHE; "
+                          f"{results['certify_warm'].get('verdict')})", results["certify_warm"], torch_floor,
+                          TARGET_CERTIFY_S, ""))
     backends = results.get("backends") or {}
     for name, b in sorted(backends.items()):
         compiling = b.get("compile_per_shape")

@@ -66,11 +66,16 @@ def witness_jobs(backends: list[str]) -> list[tuple[str, str | None]]:
     return jobs
 
 
-def run_witnesses(backends: list[str], out: Path) -> list[Path]:
-    """Run the witness tests of each job in its own process; the run files written."""
+def run_witnesses(backends: list[str], out: Path, workers: int = 2) -> list[Path]:
+    """Run the witness tests of each job in its own process, `workers` at a time (each mostly imports its
+    framework); the run files written, and each job's line printed in the jobs' order."""
+    from concurrent.futures import ThreadPoolExecutor
+
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for backend, impl in witness_jobs(backends):
+    root = Path(__file__).resolve().parents[2]
+
+    def one(job: tuple[str, str | None]) -> tuple[Path, subprocess.CompletedProcess]:
+        backend, impl = job
         label = backend if impl is None else impl.replace(":", "-")
         path = out / f"witnesses-{label}.json"
         path.unlink(missing_ok=True)
@@ -78,17 +83,22 @@ def run_witnesses(backends: list[str], out: Path) -> list[Path]:
                f"--report={path}", "-q", "-p", "no:cacheprovider", "--no-header"]
         if impl is not None:
             cmd.append(f"--impl={impl}")
-        done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], env=os.environ,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        # The witness tests alone are below the coverage floor: exit 2 (INCOMPLETE) is expected; the
-        # run file says whether each witness behaved as declared. Anything else shows the output.
-        tail = done.stdout.strip().splitlines()[-1:] or [""]
-        print(f"== witnesses of {impl or backend}: {tail[0]}", flush=True)
-        if done.returncode not in (0, 2) or not path.exists():
-            print(done.stdout, flush=True)
-            print(f"entries_check: the witness run of {impl or backend} ended with exit status {done.returncode}",
-                  file=sys.stderr)
-        paths.append(path)
+        return path, subprocess.run(cmd, cwd=root, env=os.environ, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+
+    jobs = witness_jobs(backends)
+    paths = []
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for (backend, impl), (path, done) in zip(jobs, pool.map(one, jobs)):
+            # The witness tests alone are below the coverage floor: exit 2 (INCOMPLETE) is expected; the
+            # run file says whether each witness behaved as declared. Anything else shows the output.
+            tail = done.stdout.strip().splitlines()[-1:] or [""]
+            print(f"== witnesses of {impl or backend}: {tail[0]}", flush=True)
+            if done.returncode not in (0, 2) or not path.exists():
+                print(done.stdout, flush=True)
+                print(f"entries_check: the witness run of {impl or backend} ended with exit status {done.returncode}",
+                      file=sys.stderr)
+            paths.append(path)
     return paths
 
 
