@@ -43,21 +43,54 @@ def _query_divided_in_dtype(entry, case, res, masks) -> Verdict:
     return multiplied if multiplied.ok else divided
 
 
+def _bias_only_hidden(case: Case) -> np.ndarray:
+    """(B, Hq, Lq, Lk): keys that the -inf bias hides and nothing else does (no mask, causal alignment, window
+    or padding): flax adds the bias to the logits, so the gradient flows through them there, while jnp.where
+    cuts it at every key the boolean mask hides."""
+    from attnconf.conformance.engine.regions import mask_hidden_keys
+
+    s = case.shape
+    full = (s["B"], s["Hq"], s["Lq"], s["Lk"])
+    if case.bias is None:
+        return np.zeros(full, dtype=bool)
+    return np.isneginf(np.broadcast_to(case.bias, full)) & ~mask_hidden_keys(case)
+
+
 @alternative("nan_dv_of_empty_rows", GRADIENTS)
 def _nan_dv_of_empty_rows(entry, case, res, masks) -> Verdict:
     """Gradients of a float64 case through force_fp32_for_softmax with rows that see no key (their
-    weights NaN): dV of the (batch, KV head) is all NaN, dQ of the row is 0, and dK keeps float32
-    accuracy (the float32_precision alternative on the covered dK)."""
+    weights NaN): dV of the (batch, KV head) is all NaN; dQ of the row is 0 where the boolean mask hid every
+    key, NaN where the -inf bias alone hid one (`_bias_only_hidden`: the NaN reaches the logits), and so are
+    dK of such a key and dBias there; the rest of dK and dBias keeps float32 accuracy (float32_precision)."""
     g = res.grads or {}
     if "dv" in masks and "dv" in g:
         v = _exact("dv", np.asarray(g["dv"]), masks["dv"], np.isnan, "NaN")
         if not v.ok:
             return v
+    rows = masks["dq"].any(axis=-1) if "dq" in masks else None
+    through = _bias_only_hidden(case) & (rows[..., None] if rows is not None else True)
     if "dq" in masks and "dq" in g:
-        v = _exact("dq", np.asarray(g["dq"]), masks["dq"], lambda a: a == 0, "0")
+        nan_rows = np.broadcast_to(through.any(axis=-1)[..., None], masks["dq"].shape)
+        for want, test, words in ((nan_rows, np.isnan, "NaN"), (~nan_rows, lambda a: a == 0, "0")):
+            v = _exact("dq", np.asarray(g["dq"]), masks["dq"] & want, test, words)
+            if not v.ok:
+                return v
+    rest: dict[str, np.ndarray] = {}
+    if "dk" in masks and "dk" in g:
+        s = case.shape
+        keys = through.any(axis=2).reshape(s["B"], s["Hkv"], s["Hq"] // s["Hkv"], s["Lk"]).any(axis=2)
+        nan_keys = np.broadcast_to(keys[..., None], masks["dk"].shape)
+        v = _exact("dk", np.asarray(g["dk"]), masks["dk"] & nan_keys, np.isnan, "NaN")
         if not v.ok:
             return v
-    if "dk" in masks and "dk" in g:
-        return ALTERNATIVES["float32_precision"].check(entry, case, res, {"dk": masks["dk"]})
-    return Verdict(True)
+        rest["dk"] = masks["dk"] & ~nan_keys
+    if "dbias" in masks and "dbias" in g:
+        from attnconf.reference.backward import reduce_to_shape
+
+        nan_bias = reduce_to_shape(through.astype(np.float64), masks["dbias"].shape) > 0
+        v = _exact("dbias", np.asarray(g["dbias"]), masks["dbias"] & nan_bias, np.isnan, "NaN")
+        if not v.ok:
+            return v
+        rest["dbias"] = masks["dbias"] & ~nan_bias
+    return ALTERNATIVES["float32_precision"].check(entry, case, res, rest) if rest else Verdict(True)
 

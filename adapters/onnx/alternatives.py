@@ -107,7 +107,7 @@ def function_body_scale_case(case: Case) -> Case:
     return case.replace(scale=r * r, softcap=softcap)
 
 
-@alternative("sqrt_scale_in_dtype", FORWARD, numeric=True)
+@alternative("sqrt_scale_in_dtype", FORWARD + ("weights",), numeric=True)
 def _sqrt_scale_in_dtype(entry, case, res, masks) -> Verdict:
     """The spec's tolerance model for the problem with the effective scale (effective_scale_case): its
     reference and its baseline (the baseline's sqrt(scale)-on-Q-and-K variant is then the evaluator's

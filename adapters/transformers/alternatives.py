@@ -374,7 +374,7 @@ def _evaluate(case: Case, P: np.ndarray, *, naive: bool) -> dict[str, np.ndarray
     return res
 
 
-@alternative("eager_min_mask", FORWARD + GRADIENTS + ("weights",))
+@alternative("eager_min_mask", FORWARD + GRADIENTS + ("weights",), numeric=True)
 def _eager_min_mask(entry, case, res, masks) -> Verdict:
     """The eager functions step by step (`eager_softmax_input`, `eager_min_mask_weights`): the output,
     the returned weights and the gradients through logits of those weights."""
@@ -383,7 +383,7 @@ def _eager_min_mask(entry, case, res, masks) -> Verdict:
                         entry.get("_as_dtype"))
 
 
-@alternative("finfo_min_mask_through_logits", FORWARD + GRADIENTS + ("weights",))
+@alternative("finfo_min_mask_through_logits", FORWARD + GRADIENTS + ("weights",), numeric=True)
 def _finfo_min_mask_through_logits(entry, case, res, masks) -> Verdict:
     """sdpa with a bias (`finfo_min_mask_weights`: the merged mask added to logits torch holds in float32
     or float64): output and gradients through logits of those weights."""
@@ -400,7 +400,7 @@ def sliding_window_one_decode_case(case: Case) -> Case:
     return case.replace(window=None, causal=None, mask=None, kv_lengths=None)
 
 
-@alternative("sliding_window_one_decode", FORWARD + GRADIENTS + ("weights",))
+@alternative("sliding_window_one_decode", FORWARD + GRADIENTS + ("weights",), numeric=True)
 def _sliding_window_one_decode(entry, case, res, masks) -> Verdict:
     """The reference of `sliding_window_one_decode_case` on the covered rows: output, weights, gradients."""
     alt = sliding_window_one_decode_case(case)
@@ -409,7 +409,7 @@ def _sliding_window_one_decode(entry, case, res, masks) -> Verdict:
                         entry.get("_as_dtype"))
 
 
-@alternative("float32_softmax_weights", ("weights",))
+@alternative("float32_softmax_weights", ("weights",), numeric=True)
 def _float32_softmax_weights(entry, case, res, masks) -> Verdict:
     """The returned weights of a float64 call whose softmax runs in float32 (`softmax(..., dtype=float32)
     .to(float64)`): the reference weights under the float32 tolerance model, the yardstick being a naive

@@ -21,10 +21,10 @@ def _zero(entry, case, res, masks) -> Verdict:
     return _exact("out", res.out, masks["out"], lambda a: a == 0, "exactly 0")
 
 
-@alternative("nan", FORWARD + GRADIENTS)
+@alternative("nan", FORWARD + GRADIENTS + ("weights",))
 def _nan(entry, case, res, masks) -> Verdict:
     for q, m in masks.items():
-        arr = getattr(res, q) if q in FORWARD else (res.grads or {}).get(q)
+        arr = getattr(res, q, None) if q in FORWARD + ("weights",) else (res.grads or {}).get(q)
         if arr is not None:
             v = _exact(q, np.broadcast_to(np.asarray(arr), m.shape), m, np.isnan, "NaN")
             if not v.ok:
