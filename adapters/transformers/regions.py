@@ -113,3 +113,17 @@ def sliding_window_one_cache_decode(case: Case) -> np.ndarray:
     if not (sliding_window_one_with_cache(case) and s["Lq"] == 1):
         return np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
     return oracle(case).visible.any(axis=-1)
+
+
+@region
+def nonpositive_scale_sdpa_is_causal(case: Case) -> np.ndarray | bool:
+    """With a custom scale <= 0, causal masking of a square problem (top-left and bottom-right coincide) and
+    nothing else hiding keys, transformers' sdpa_attention_forward builds no mask and passes is_causal=True to
+    F.scaled_dot_product_attention (Lq > 1): the rows causal masking hides some key from, where torch's CPU
+    flash path goes NaN (torch's `nonpositive_scale_is_causal`, which covers top-left only)."""
+    s = case.shape
+    if not (case.scale is not None and case.scale <= 0 and case.causal is not None and s["Lq"] == s["Lk"] > 1
+            and case.mask is None and case.bias is None and case.q_lengths is None and case.kv_lengths is None
+            and case.window is None):
+        return False
+    return ~oracle(case).visible.all(axis=-1)

@@ -32,7 +32,7 @@ def by_specificity(applied: list) -> list:
     """Entries with row regions first, then case regions, the catch-all region "any" last; among
     equals, NaN-like alternatives first (a NaN row makes every gradient element it reaches NaN)."""
     return sorted(applied, key=lambda a: (a.rows is None, a.entry["region"] == "any",
-                                          a.instead not in ("nan", "non_finite", "non_finite_or_spec")))
+                                          a.instead not in ("nan", "nan_or_spec", "non_finite", "non_finite_or_spec")))
 
 
 def judge_covered(rec: TestRecord, applied: list, case, res: Result, impl_name: str,
