@@ -36,7 +36,7 @@ def query_divided_case(case: Case, *, reciprocal: bool = False) -> Case:
 def _query_divided_in_dtype(entry, case, res, masks) -> Verdict:
     """The reference and baseline of `query_divided_case`: the query divided by sqrt(Dk), or multiplied by its
     reciprocal, each rounded to the input dtype, before Q K^T; the covered elements conform to one of the two."""
-    divided = _judge_against(query_divided_case(case), case, res, {q: m.copy() for q, m in masks.items()})
+    divided = _judge_against(query_divided_case(case), case, res, masks)
     if divided.ok:
         return divided
     multiplied = _judge_against(query_divided_case(case, reciprocal=True), case, res, masks)

@@ -47,29 +47,30 @@ def finfo_min_mask_rows_with_bias(case: Case) -> np.ndarray:
     return finfo_min_mask_rows(case)
 
 
-@region
-def eager_float16_nan_rows(case: Case) -> np.ndarray:
-    """float16 rows that llama's and gemma2's eager functions make NaN: `Q K^T` is formed in float16 before
-    `* scaling`, so an unscaled dot product beyond +-65504 rounds to +-inf; a row with +inf anywhere (a visible
-    key, or a hidden one: +inf - 65504 stays +inf), or NaN anywhere (+-inf times a scale of 0), or with -inf on
-    every key (every logit below -65504, or every key hidden with logit - 65504 below it) is NaN. `eager_softmax_input` is that
-    softmax's input, step by step."""
+def _eager_float16_nan_rows(case: Case, *, sinks: bool) -> np.ndarray:
     s = case.shape
     if case.dtype != "float16":
         return np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
     x = eager_softmax_input(case)
-    return (np.isposinf(x) | np.isnan(x)).any(axis=-1) | np.isneginf(x).all(axis=-1)
+    rows = (np.isposinf(x) | np.isnan(x)).any(axis=-1)
+    return rows if sinks else rows | np.isneginf(x).all(axis=-1)
+
+
+@region
+def eager_float16_nan_rows(case: Case) -> np.ndarray:
+    """float16 rows that llama's and gemma2's eager functions make NaN: `Q K^T` is formed in float16 before
+    `* scaling`, so an unscaled dot product beyond +-65504 rounds to +-inf. A row is NaN with +inf anywhere (a
+    visible key, or a hidden one: +inf - 65504 stays +inf), NaN anywhere (+-inf times a scale of 0), or -inf on
+    every key (every logit below -65504, or every key hidden with logit - 65504 below it).
+    `eager_softmax_input` is that softmax's input, step by step."""
+    return _eager_float16_nan_rows(case, sinks=False)
 
 
 @region
 def eager_float16_nan_rows_sinks(case: Case) -> np.ndarray:
     """`eager_float16_nan_rows` in gpt-oss's eager function, whose softmax also holds the row's finite sink
     logit: a row of -inf logits gives the sink all the weight (finite), only +inf or NaN make the row NaN."""
-    s = case.shape
-    if case.dtype != "float16":
-        return np.zeros((s["B"], s["Hq"], s["Lq"]), dtype=bool)
-    x = eager_softmax_input(case)
-    return (np.isposinf(x) | np.isnan(x)).any(axis=-1)
+    return _eager_float16_nan_rows(case, sinks=True)
 
 
 @region

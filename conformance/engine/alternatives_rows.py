@@ -35,8 +35,8 @@ def _nan(entry, case, res, masks) -> Verdict:
 @alternative("nan_or_spec", GRADIENTS)
 def _nan_or_spec(entry, case, res, masks) -> Verdict:
     """Each covered gradient element is NaN, or the spec's value within the gradient tolerance: what the
-    gradients of rows that are NaN give (a kernel's NaN empty rows, or rows a float16 overflow made NaN) (NaN reaches dV and dK through the row's weights;
-    dQ of the row may be 0 where the masked logits were constants)."""
+    gradients of NaN rows give (a kernel's NaN empty rows, rows a float16 overflow made NaN). NaN reaches dV
+    and dK through the row's weights; dQ of the row may be 0 where the masked logits were constants."""
     if not res.grads or case.grad_out is None:
         return Verdict(True)
     grads = {q: np.asarray(g) for q, g in res.grads.items()}

@@ -202,8 +202,7 @@ def judge_float64(actual: np.ndarray, case: Case, *, quantity: str = "out", mask
     with np.errstate(invalid="ignore"):
         err = np.abs(np.where(finite, actual - np.where(finite, ref, 0.0), 0.0))
     row_err = err.max(axis=-1, initial=0.0)
-    tiny = np.finfo(np.float64).tiny
-    ratios = row_err / np.maximum(bound, tiny)
+    ratios = row_err / np.maximum(bound, TINY64)
     ratio_max = float(ratios.max(initial=0.0))
     ok = bool((row_err <= bound + TINY64).all())
     worst = tuple(int(i) for i in np.unravel_index(np.argmax(err), err.shape))
@@ -231,6 +230,14 @@ def judge_output(actual: np.ndarray, case: Case, *, mask: np.ndarray | None = No
     from attnconf.reference import baseline_error
 
     return judge_arrays(actual, oracle(case).out, baseline_error(case)[0], case.dtype, mask=mask, factor=factor)
+
+
+def weights_as_output(case: Case) -> Case:
+    """The case whose output is `case`'s weights: V the identity over the keys (Dv = Lk). Returned weights are
+    judged as that output, so they get the output's own baseline (test_weights, the alternatives)."""
+    s = case.shape
+    eye = np.broadcast_to(np.eye(s["Lk"]), (s["B"], s["Hkv"], s["Lk"], s["Lk"]))
+    return case.replace(v=eye, grad_out=None)
 
 
 def _unexempt(actual, mask: np.ndarray | None) -> np.ndarray | None:
@@ -344,7 +351,7 @@ def _judge_grad64(g: np.ndarray, r: np.ndarray, bound: np.ndarray, name: str,
         err = np.where(keep, np.abs(g - r), 0.0)
     bad = keep & np.isfinite(r) & ~np.isfinite(g)
     ok = bool((err <= bound + TINY64).all()) and not bad.any()
-    ratios = err / np.maximum(bound, np.finfo(np.float64).tiny)
+    ratios = err / np.maximum(bound, TINY64)
     worst = tuple(int(i) for i in np.unravel_index(np.argmax(ratios), ratios.shape)) if ratios.size else None
     j = Judgement(ok, name, "float64", float(err.max(initial=0)), float(err.mean()) if err.size else 0.0,
                   float(bound.max(initial=0)), float(bound.mean()) if bound.size else 0.0, 0, 0, 0,
